@@ -1,0 +1,161 @@
+"""Public entry points: `optimize`, `rewrite_jaxpr`, `make_jaxpr`.
+
+The data path is a straight line: `jax.jit` traces a wrapper; the wrapper traces the user's
+function to a jaxpr (`_compat.trace`), runs the pass pipeline on it (`_pipeline.rewrite`), and
+evaluates the rewritten jaxpr into `jax.jit`'s own trace (`_compat.eval_jaxpr`). Because the
+rewrite happens inside `jax.jit`'s trace, everything `jax.jit` offers (pytrees, static and donated
+arguments, shardings, `.lower()`, `.trace()`, caching and fast dispatch) is `jax.jit`'s own.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import jax
+
+from . import _compat as C
+from . import _pipeline
+from ._options import NAMES, Options
+from ._report import logger
+
+_JIT_PARAMS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
+
+
+def _split_kwargs(kwargs: dict) -> tuple[Options, dict]:
+    opts = {k: v for k, v in kwargs.items() if k in NAMES}
+    jit_kw = {k: v for k, v in kwargs.items() if k not in NAMES}
+    bad = sorted(k for k in jit_kw if k not in _JIT_PARAMS)
+    if bad:
+        raise TypeError(f"optimize() got unexpected keyword argument(s) {bad}: neither a "
+                        f"jaxrewrite option ({', '.join(NAMES)}) nor a jax.jit parameter")
+    return Options.make(**opts), jit_kw
+
+
+def optimize(fun: Callable | None = None, /, **kwargs):
+    """`jax.jit(fun)`, with the jaxpr rewritten before XLA sees it.
+
+    Usable as `@optimize`, `@optimize(dedup=False)` and `optimize(f, reroll=True)`. Keywords are
+    the rewrite options (see `jaxrewrite.OPTIONS`) and any `jax.jit` parameter. Returns what
+    `jax.jit` returns. Calling `optimize(f, **same)` again returns the same wrapper.
+    """
+    options, jit_kw = _split_kwargs(kwargs)
+    if fun is None:
+        return functools.partial(optimize, **kwargs)
+    if not callable(fun):
+        raise TypeError(f"optimize() expects a callable, got {type(fun).__name__}: {fun!r}")
+    key = _cache_key(fun, options, jit_kw)
+    if key is not None:
+        with _CACHE_LOCK:
+            hit = _CACHE.get(key)
+            if hit is not None:
+                _CACHE.move_to_end(key)
+                return hit
+    jitted = jax.jit(_rewriting(fun, options), **jit_kw)
+    if key is not None:
+        with _CACHE_LOCK:
+            _CACHE[key] = jitted
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return jitted
+
+
+# Wrappers are reused for the same function and options: keyed by a weak reference to `fun`
+# (so the key never keeps it alive), bounded so the cache cannot grow without limit.
+_CACHE: collections.OrderedDict = collections.OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 512
+
+
+def _cache_key(fun, options: Options, jit_kw: dict):
+    try:
+        ref = weakref.WeakMethod(fun) if inspect.ismethod(fun) else weakref.ref(fun)
+        extra = tuple(sorted((k, _hashable(v)) for k, v in jit_kw.items()))
+        key = (ref, options.key(), extra, C.x64_enabled())
+        hash(key)
+        return key
+    except TypeError:  # not weak-referenceable, or unhashable options: no reuse
+        return None
+
+
+def _hashable(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    hash(v)
+    return v
+
+
+def _rewriting(fun: Callable, options: Options) -> Callable:
+    """The function `jax.jit` traces: trace `fun`, rewrite, evaluate into the current trace."""
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        # Inside jax.jit every dynamic argument is a tracer; anything else is a static argument
+        # (static_argnums/static_argnames) and is passed through to `fun` unchanged.
+        dyn = [i for i, x in enumerate(leaves) if C.is_tracer(x)]
+        out_tree = []
+
+        def flat_fun(*dyn_vals):
+            full = list(leaves)
+            for i, v in zip(dyn, dyn_vals):
+                full[i] = v
+            a, kw = jax.tree_util.tree_unflatten(treedef, full)
+            outs, tree = jax.tree_util.tree_flatten(fun(*a, **kw))
+            out_tree.append(tree)
+            return outs
+
+        dyn_vals = [leaves[i] for i in dyn]
+        t0 = time.perf_counter()
+        cj = C.trace(flat_fun, dyn_vals)
+        t1 = time.perf_counter()
+        result = _pipeline.rewrite(cj, options)
+        result.report.time("trace", t1 - t0)
+        _LAST.report = result.report
+        logger.debug("optimize(%s): %s", getattr(fun, "__name__", fun), dict(result.report.counts))
+        outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)
+        return jax.tree_util.tree_unflatten(out_tree[-1], outs)
+
+    wrapped.__jaxrewrite_options__ = options
+    return wrapped
+
+
+_LAST = threading.local()
+
+
+def last_report():
+    """The report of the most recent rewrite in this thread (None before any)."""
+    return getattr(_LAST, "report", None)
+
+
+def rewrite_jaxpr(closed_jaxpr: C.ClosedJaxpr, **options) -> C.ClosedJaxpr:
+    """The rewritten form of `closed_jaxpr` (a `jax.make_jaxpr` result)."""
+    return rewrite_jaxpr_with_report(closed_jaxpr, **options).jaxpr
+
+
+def rewrite_jaxpr_with_report(closed_jaxpr: C.ClosedJaxpr, **options) -> _pipeline.RewriteResult:
+    """`rewrite_jaxpr`, returning the `RewriteResult` (jaxpr, report, changed)."""
+    if not isinstance(closed_jaxpr, C.ClosedJaxpr):
+        raise TypeError(f"rewrite_jaxpr expects a ClosedJaxpr (from jax.make_jaxpr), got "
+                        f"{type(closed_jaxpr).__name__}")
+    return _pipeline.rewrite(closed_jaxpr, Options.make(**options))
+
+
+def make_jaxpr(fun: Callable, static_argnums=(), **options):
+    """`jax.make_jaxpr(fun, static_argnums)` followed by `rewrite_jaxpr(..., **options)`."""
+    opts = Options.make(**options)
+    if not callable(fun):
+        raise TypeError(f"make_jaxpr() expects a callable, got {type(fun).__name__}")
+
+    @functools.wraps(fun)
+    def run(*args, **kwargs):
+        cj = jax.make_jaxpr(fun, static_argnums=static_argnums)(*args, **kwargs)
+        return _pipeline.rewrite(cj, opts).jaxpr
+
+    return run

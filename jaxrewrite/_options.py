@@ -1,0 +1,66 @@
+"""The rewrite options: one table, one frozen object.
+
+Each row is (keyword, default, what it does). `optimize`, `rewrite_jaxpr`, `make_jaxpr` and
+`explain` take exactly these keywords (plus `jax.jit`'s own, for `optimize`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+OPTIONS: tuple[tuple[str, Any, str], ...] = (
+    ("dedup", True, "merge structurally identical inner jaxprs so each is lowered once"),
+    ("cse", True, "compute identical pure equations on identical operands once"),
+    ("reroll", False, "roll chains of identical calls into lax.scan (True, or the shortest run)"),
+    ("unroll", 1, "`unroll=` of the scans that reroll makes"),
+    ("fold", True, "fold integer/boolean index arithmetic over constants"),
+    ("fold_limit", 1 << 20, "largest constant (elements) that folding may materialize"),
+    ("gathers", True, "static-index gathers/scatters become slices, reverses, reshapes...; "
+                      "'all' also allows concatenate/pad forms"),
+    ("movement", True, "simplify chains of data movement (slice/concat/transpose/reshape/rev)"),
+    ("scalarize", "auto", "split small static axes into separate arrays so permutations are renaming"),
+    ("target", None, "backend the cost model decides for: 'cpu', 'gpu', 'tpu' (default: current)"),
+    ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
+    ("debug_checks", False, "check_jaxpr after every pass"),
+    ("strict", False, "re-raise a pass's error instead of falling back to the original program"),
+)
+
+DEFAULTS = {name: default for name, default, _ in OPTIONS}
+NAMES = tuple(DEFAULTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    dedup: Any = DEFAULTS["dedup"]
+    cse: Any = DEFAULTS["cse"]
+    reroll: Any = DEFAULTS["reroll"]
+    unroll: Any = DEFAULTS["unroll"]
+    fold: Any = DEFAULTS["fold"]
+    fold_limit: int = DEFAULTS["fold_limit"]
+    gathers: Any = DEFAULTS["gathers"]
+    movement: Any = DEFAULTS["movement"]
+    scalarize: Any = DEFAULTS["scalarize"]
+    target: Any = DEFAULTS["target"]
+    max_rounds: int = DEFAULTS["max_rounds"]
+    debug_checks: bool = DEFAULTS["debug_checks"]
+    strict: bool = DEFAULTS["strict"]
+
+    @classmethod
+    def make(cls, **kw) -> "Options":
+        unknown = sorted(set(kw) - set(NAMES))
+        if unknown:
+            raise TypeError(f"unknown jaxrewrite option(s) {unknown}; valid rewrite options: "
+                            f"{', '.join(NAMES)}")
+        return cls(**kw)
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, n) for n in NAMES)
+
+    def resolved_target(self) -> str:
+        if self.target is not None:
+            return self.target
+        import jax
+        return jax.default_backend()
+
+
+assert tuple(f.name for f in dataclasses.fields(Options)) == NAMES

@@ -1,0 +1,153 @@
+"""The pass pipeline: a fixed, documented order, run to a fixed point, with a fallback.
+
+A pass is a pure function `run(cj: ClosedJaxpr, ctx: Context) -> (ClosedJaxpr, changed)`
+living in `jaxrewrite/passes/<name>.py`. The table below is the order:
+
+1. fold       - integer/boolean index arithmetic over constants becomes literals; small jits
+                called with constants are specialised at the call site (so gathers see indices).
+2. gathers    - static-index gather/scatter/dynamic_slice become structural data movement.
+3. movement   - data-movement algebra: slice∘concatenate, rev∘rev, permutation∘inverse, ...
+4. scalarize  - small static axes whose uses are all static become separate arrays.
+5. dedup      - structurally identical inner jaxprs become one object (lowered once).
+6. cse        - identical pure equations on identical operands are computed once.
+   (1-6 repeat until nothing changes, at most `max_rounds` times; each pass only removes
+   or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.)
+7. reroll     - chains of identical calls become `lax.scan` (once, at the end; off by default).
+
+If a pass raises, `rewrite` returns the original program and one warning naming the pass;
+with `strict=True` the error propagates.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+import warnings
+from typing import Callable
+
+from . import _compat as C
+from . import _walk
+from ._options import Options
+from ._report import Report, logger
+
+
+@dataclasses.dataclass(frozen=True)
+class PassSpec:
+    name: str          # module jaxrewrite.passes.<name>, and the report's pass name
+    option: str        # the option that enables it
+    fixpoint: bool     # repeated to a fixed point (True) or run once at the end (False)
+
+
+PASSES: tuple[PassSpec, ...] = (
+    PassSpec("fold", "fold", True),
+    PassSpec("gathers", "gathers", True),
+    PassSpec("movement", "movement", True),
+    PassSpec("scalarize", "scalarize", True),
+    PassSpec("dedup", "dedup", True),
+    PassSpec("cse", "cse", True),
+    PassSpec("reroll", "reroll", False),
+)
+
+
+@dataclasses.dataclass
+class Context:
+    """What a pass may read (options) and write (the report)."""
+    options: Options
+    report: Report
+
+    @property
+    def target(self) -> str:
+        return self.options.resolved_target()
+
+
+@dataclasses.dataclass
+class RewriteResult:
+    jaxpr: C.ClosedJaxpr
+    report: Report
+    changed: bool
+    fell_back: bool = False
+
+
+class PassError(RuntimeError):
+    """A pass raised; names the pass and the passes that ran before it."""
+
+
+def _load(spec: PassSpec) -> Callable | None:
+    try:
+        mod = importlib.import_module(f"jaxrewrite.passes.{spec.name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"jaxrewrite.passes.{spec.name}":
+            return None
+        raise
+    return mod.run
+
+
+def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, Callable]]:
+    out = []
+    for spec in PASSES:
+        if getattr(options, spec.option):
+            fn = _load(spec)
+            if fn is not None:
+                out.append((spec, fn))
+    out.extend(extra)
+    return out
+
+
+def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = ()) -> RewriteResult:
+    """Run the pipeline on `cj`. `extra_passes` ((PassSpec, fn) pairs) are appended (tests)."""
+    report = Report()
+    ctx = Context(options, report)
+    t0 = time.perf_counter()
+    try:
+        out, changed = _run(cj, ctx, enabled_passes(options, extra_passes))
+    except PassError as err:
+        if options.strict:
+            raise err.__cause__ from err
+        warnings.warn(f"jaxrewrite: {err}; running the original program", RuntimeWarning,
+                      stacklevel=4)
+        report.errors.append(str(err))
+        report.time("rewrite", time.perf_counter() - t0)
+        return RewriteResult(cj, report, False, fell_back=True)
+    report.time("rewrite", time.perf_counter() - t0)
+    report.stats["eqns_before"] = _walk.count_eqns(cj)
+    report.stats["eqns_after"] = _walk.count_eqns(out)
+    return RewriteResult(out, report, changed)
+
+
+def _run(cj, ctx, passes):
+    ran: list[str] = []
+
+    def step(cj, spec, fn):
+        t = time.perf_counter()
+        try:
+            new, changed = fn(cj, ctx)
+            if changed:
+                new = _walk.dce_closed(new)
+            if ctx.options.debug_checks:
+                C.check_jaxpr(new)
+        except Exception as e:  # noqa: BLE001 - any failure of a pass is contained
+            raise PassError(f"pass '{spec.name}' failed ({type(e).__name__}: {e}); "
+                            f"passes run before it: {ran or 'none'}") from e
+        ctx.report.time(f"pass.{spec.name}", time.perf_counter() - t)
+        ran.append(spec.name)
+        return new, changed
+
+    cj = _walk.literalize_consts(cj, ctx.options.fold_limit)
+    any_change = False
+    loop = [(s, f) for s, f in passes if s.fixpoint]
+    for rnd in range(max(1, ctx.options.max_rounds)):
+        changed_round = False
+        for spec, fn in loop:
+            cj, changed = step(cj, spec, fn)
+            changed_round |= changed
+        any_change |= changed_round
+        ctx.report.count("pipeline.rounds")
+        if not changed_round:
+            break
+    else:
+        logger.debug("pipeline reached max_rounds=%d", ctx.options.max_rounds)
+    for spec, fn in passes:
+        if not spec.fixpoint:
+            cj, changed = step(cj, spec, fn)
+            any_change |= changed
+    return cj, any_change

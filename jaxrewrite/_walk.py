@@ -1,0 +1,257 @@
+"""Walk every nested jaxpr, rewrite equations, rebuild.
+
+Three tools every pass uses:
+
+* `map_jaxprs(cj, fn)`: apply `fn(ClosedJaxpr) -> ClosedJaxpr` to every jaxpr, innermost
+  first, through the params of every equation (jit, cond branches, while cond/body, scan,
+  remat, custom_jvp/vjp primal bodies, closed_call, shard_map, and any unknown primitive that
+  carries jaxprs). A jaxpr object shared by several equations is rewritten once and stays shared,
+  which is what lets JAX lower a shared inner function once.
+* `rewrite_eqns(jaxpr, rule)`: at one level, replace equations by what `rule` returns,
+  substituting variables downstream.
+* `Emitter`: build replacement equations by tracing a small JAX function on the operands'
+  avals; the new equations carry the source info of the equation they replace.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import _compat as C
+
+# Parameters that are jaxprs but must not be rewritten: JAX keeps them as they are.
+# (custom_jvp's `jvp_jaxpr_fun` and custom_vjp's `fwd_jaxpr_thunk`/`bwd` are thunks, not jaxprs.)
+_OPAQUE_PRIMITIVES = frozenset({"pallas_call", "custom_lin"})
+
+
+def as_closed(j) -> C.ClosedJaxpr:
+    return j if isinstance(j, C.ClosedJaxpr) else C.closed(j, ())
+
+
+def like(orig, new: C.ClosedJaxpr):
+    """`new` in the form of `orig`: a ClosedJaxpr, or an open Jaxpr (which never gains consts)."""
+    if isinstance(orig, C.ClosedJaxpr):
+        return new
+    assert not new.consts, "an open jaxpr cannot gain constants"
+    return new.jaxpr
+
+
+def map_jaxprs(cj: C.ClosedJaxpr, fn: Callable[[C.ClosedJaxpr], C.ClosedJaxpr],
+               memo: dict | None = None) -> C.ClosedJaxpr:
+    """Apply `fn` bottom-up to `cj` and every jaxpr nested in it; shared objects stay shared."""
+    memo = {} if memo is None else memo
+    return _map(cj, fn, memo)
+
+
+def _map(j, fn, memo):
+    key = id(j)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is j:
+        return hit[1]
+    cj = as_closed(j)
+    eqns = []
+    changed = False
+    for eqn in cj.jaxpr.eqns:
+        new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo))
+        changed |= new_eqn is not eqn
+        eqns.append(new_eqn)
+    if changed:
+        cj = C.closed(C.replace_jaxpr(cj.jaxpr, eqns=eqns), cj.consts)
+    out = like(j, fn(cj))
+    memo[key] = (j, out)  # keep `j` alive so its id is not reused during the walk
+    return out
+
+
+def map_eqn_subjaxprs(eqn, fn: Callable):
+    """`eqn` with each jaxpr in its params replaced by `fn(jaxpr)` (same object: no change)."""
+    if eqn.primitive.name in _OPAQUE_PRIMITIVES:
+        return eqn
+    new = {}
+    for name, i, sub in C.params_jaxprs(eqn.params):
+        out = fn(sub)
+        if out is not sub:
+            new[(name, i)] = out
+    if not new:
+        return eqn
+    params = C.replace_params_jaxprs(eqn.params, new)
+    return eqn.replace(params=params)
+
+
+def iter_jaxprs(cj, seen: set | None = None):
+    """Every distinct jaxpr object reachable from `cj` (itself included), outermost first."""
+    seen = set() if seen is None else seen
+    if id(cj) in seen:
+        return
+    seen.add(id(cj))
+    yield cj
+    jaxpr = cj.jaxpr if isinstance(cj, C.ClosedJaxpr) else cj
+    for eqn in jaxpr.eqns:
+        for _, _, sub in C.params_jaxprs(eqn.params):
+            yield from iter_jaxprs(sub, seen)
+
+
+def iter_eqns(cj):
+    """Every equation at every level (each distinct jaxpr object once)."""
+    for j in iter_jaxprs(cj):
+        yield from (j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns
+
+
+def count_eqns(cj) -> int:
+    return sum(1 for _ in iter_eqns(cj))
+
+
+# --- one level: rule-driven rewriting ----------------------------------------------------------
+
+@dataclasses.dataclass
+class Replacement:
+    """What replaces one equation: new equations, then each old outvar's new atom."""
+    eqns: list
+    outs: list
+
+
+def substitute(atom, env: dict):
+    if C.is_literal(atom):
+        return atom
+    return env.get(atom, atom)
+
+
+def rewrite_eqns(jaxpr: C.Jaxpr, rule: Callable) -> tuple[C.Jaxpr, bool]:
+    """Replace each equation for which `rule(eqn)` returns a Replacement; substitute downstream.
+
+    `rule` sees equations whose operands are already substituted.
+    """
+    env: dict = {}
+    eqns = []
+    changed = False
+    for eqn in jaxpr.eqns:
+        if env:
+            new_in = [substitute(a, env) for a in eqn.invars]
+            if any(a is not b for a, b in zip(new_in, eqn.invars)):
+                eqn = eqn.replace(invars=new_in)
+        rep = rule(eqn)
+        if rep is None:
+            eqns.append(eqn)
+            continue
+        changed = True
+        eqns.extend(rep.eqns)
+        for old, new in zip(eqn.outvars, rep.outs):
+            if not C.is_dropvar(old):
+                env[old] = new
+    if not changed and not env:
+        return jaxpr, False
+    outvars = [substitute(a, env) for a in jaxpr.outvars]
+    return C.replace_jaxpr(jaxpr, eqns=eqns, outvars=outvars), True
+
+
+def forward(eqn, atoms) -> Replacement:
+    """Replace `eqn` by no equation at all: its outputs are `atoms` (renaming)."""
+    return Replacement([], list(atoms))
+
+
+class Emitter:
+    """Builds replacement equations for `eqn` by tracing small JAX functions.
+
+        em = Emitter(eqn)
+        y, = em.call(lambda x: lax.rev(x, (0,)), x_atom)
+        return em.replacement([y])
+
+    Numpy constants that the traced function creates become literals, so nested (open) jaxprs
+    never gain constvars. New equations carry `eqn`'s source info and context.
+    """
+
+    def __init__(self, eqn):
+        self.eqn = eqn
+        self.eqns: list = []
+
+    def call(self, fun: Callable, *atoms) -> list:
+        cj = C.trace_avals(lambda *xs: _as_list(fun(*xs)), [C.aval_of(a) for a in atoms])
+        return self.inline(cj, atoms)
+
+    def inline(self, cj: C.ClosedJaxpr, atoms: Sequence) -> list:
+        env = {}
+        for v, c in zip(cj.jaxpr.constvars, cj.consts):
+            if C.is_tracer(c):
+                raise ValueError("a traced replacement closed over a tracer")
+            env[v] = C.literal(np.asarray(c), v.aval)
+        env.update(zip(cj.jaxpr.invars, atoms))
+        for e in cj.jaxpr.eqns:
+            outvars = [C.new_var(v.aval) if not C.is_dropvar(v) else v for v in e.outvars]
+            new = C.new_eqn([substitute(a, env) for a in e.invars], outvars, e.primitive, e.params,
+                            e.effects, self.eqn.source_info, self.eqn.ctx)
+            env.update(zip(e.outvars, outvars))
+            self.eqns.append(new)
+        return [substitute(a, env) for a in cj.jaxpr.outvars]
+
+    def bind(self, primitive, *atoms, **params) -> list:
+        out_avals = C.abstract_eval(primitive, [C.aval_of(a) for a in atoms], **params)
+        outvars = [C.new_var(a) for a in out_avals]
+        self.eqns.append(C.new_eqn(list(atoms), outvars, primitive, params, None,
+                                   self.eqn.source_info, self.eqn.ctx))
+        return outvars
+
+    def replacement(self, outs: Sequence) -> Replacement:
+        return Replacement(self.eqns, list(outs))
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+# --- dead code ---------------------------------------------------------------------------------
+
+def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:
+    """Drop equations at this level whose outputs are unused and that have no effects.
+
+    Invars are kept (the signature is the caller's); nested jaxprs are not pruned here.
+    """
+    live = {v for v in jaxpr.outvars if not C.is_literal(v)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if C.has_effects(eqn) or any(v in live for v in eqn.outvars if not C.is_dropvar(v)):
+            kept.append(eqn)
+            live.update(a for a in eqn.invars if not C.is_literal(a))
+    if len(kept) == len(jaxpr.eqns):
+        return jaxpr, False
+    kept.reverse()
+    return C.replace_jaxpr(jaxpr, eqns=kept), True
+
+
+def dce_closed(cj: C.ClosedJaxpr) -> C.ClosedJaxpr:
+    """DCE at every level (nested signatures unchanged); unused constvars are dropped."""
+    def level(c):
+        j, changed = dce(c.jaxpr)
+        if not changed:
+            return c
+        used = {a for e in j.eqns for a in e.invars if not C.is_literal(a)}
+        used |= {a for a in j.outvars if not C.is_literal(a)}
+        keep = [i for i, v in enumerate(j.constvars) if v in used]
+        if len(keep) != len(j.constvars):
+            j = C.replace_jaxpr(j, constvars=[j.constvars[i] for i in keep])
+            return C.closed(j, [c.consts[i] for i in keep])
+        return C.closed(j, c.consts)
+    return map_jaxprs(cj, level)
+
+
+# --- constants ---------------------------------------------------------------------------------
+
+def literalize_consts(cj: C.ClosedJaxpr, max_size: int) -> C.ClosedJaxpr:
+    """Turn known (non-tracer) constants of at most `max_size` elements into literals.
+
+    JAX hoists numpy constants to the outermost jaxpr's constvars; as literals, every pass sees
+    static values the same way at every level. Tracers of an enclosing trace stay constvars.
+    """
+    j = cj.jaxpr
+    env, keep_v, keep_c = {}, [], []
+    for v, c in zip(j.constvars, cj.consts):
+        if C.is_foldable_const(c) and np.size(c) <= max_size:
+            env[v] = C.literal(np.asarray(c), v.aval)
+        else:
+            keep_v.append(v)
+            keep_c.append(c)
+    if not env:
+        return cj
+    eqns = [e.replace(invars=[substitute(a, env) for a in e.invars]) for e in j.eqns]
+    outvars = [substitute(a, env) for a in j.outvars]
+    return C.closed(C.replace_jaxpr(j, constvars=keep_v, eqns=eqns, outvars=outvars), keep_c)

@@ -1,0 +1,134 @@
+"""Check that a rewrite changed nothing: `assert_equivalent(fn, *args, **options)`.
+
+The rule (public, so users can test their own programs):
+* forward outputs of `optimize(fn, **options)` equal `jax.jit(fn)`'s bit for bit (bit patterns
+  compared, so NaN payloads and -0.0 count), with the same shapes, dtypes, weak types and
+  shardings;
+* gradients (a VJP with all-ones cotangents) are equal by value: +0.0 equals -0.0, NaN equals NaN;
+* under `jax.vmap` (the arguments stacked twice) outputs are again bit for bit equal;
+* the rewritten jaxpr passes `check_jaxpr`.
+`rtol` relaxes forward and gradient comparisons for floating outputs (loop re-rolling only).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _api
+from . import _compat as C
+
+
+def bits(x) -> np.ndarray:
+    """The bit pattern of an array (PRNG keys by their key data) as unsigned integers."""
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    a = np.asarray(x)
+    if a.dtype == np.bool_:
+        return a.view(np.uint8)
+    if a.dtype.itemsize in (1, 2, 4, 8) and a.dtype.kind not in "c":
+        return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+    if a.dtype.kind == "c":
+        return bits(a.real), bits(a.imag)
+    return a  # sub-byte types (int4): compare values
+
+
+def _weak(x):
+    try:
+        return jax.typeof(x).weak_type
+    except Exception:  # noqa: BLE001 - non-array leaves have no weak type
+        return None
+
+
+def assert_bitwise_equal(actual, expected, *, rtol: float | None = None, what="output"):
+    la, ta = jax.tree_util.tree_flatten(actual)
+    le, te = jax.tree_util.tree_flatten(expected)
+    assert ta == te, f"{what}: pytree structure differs: {ta} vs {te}"
+    for i, (a, e) in enumerate(zip(la, le)):
+        assert np.shape(a) == np.shape(e), f"{what}[{i}]: shape {np.shape(a)} vs {np.shape(e)}"
+        assert a.dtype == e.dtype, f"{what}[{i}]: dtype {a.dtype} vs {e.dtype}"
+        assert _weak(a) == _weak(e), f"{what}[{i}]: weak_type {_weak(a)} vs {_weak(e)}"
+        sa, se = getattr(a, "sharding", None), getattr(e, "sharding", None)
+        if sa is not None and se is not None:
+            assert sa.is_equivalent_to(se, np.ndim(a)), f"{what}[{i}]: sharding {sa} vs {se}"
+        if rtol is not None and jnp.issubdtype(e.dtype, jnp.inexact):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=rtol,
+                                       err_msg=f"{what}[{i}]")
+            continue
+        ba, be = bits(a), bits(e)
+        if isinstance(ba, tuple):
+            for x, y in zip(ba, be):
+                np.testing.assert_array_equal(x, y, err_msg=f"{what}[{i}] (bits)")
+        else:
+            np.testing.assert_array_equal(ba, be, err_msg=f"{what}[{i}] (bits)")
+
+
+def assert_value_equal(actual, expected, *, rtol: float | None = None, what="gradient"):
+    """Equal by value: +0.0 == -0.0 and NaN == NaN; `rtol` for re-rolled loops."""
+    la, ta = jax.tree_util.tree_flatten(actual)
+    le, te = jax.tree_util.tree_flatten(expected)
+    assert ta == te, f"{what}: pytree structure differs"
+    for i, (a, e) in enumerate(zip(la, le)):
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.shape == e.shape and a.dtype == e.dtype, f"{what}[{i}]: {a.dtype}{a.shape} vs {e.dtype}{e.shape}"
+        if a.dtype == jax.dtypes.float0:
+            continue
+        if rtol is None:
+            np.testing.assert_array_equal(a, e, err_msg=f"{what}[{i}]")
+        else:
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol, err_msg=f"{what}[{i}]")
+
+
+def _inexact(x) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def assert_equivalent(fn: Callable, *args, grad: bool | None = None, vmap: bool | None = None,
+                      rtol: float | None = None, check_jaxpr: bool = True, **options):
+    """Assert `optimize(fn, **options)` is equivalent to `jax.jit(fn)` on `args` (module doc).
+
+    `grad`/`vmap` default to "where defined": grad when some argument and output are inexact,
+    vmap always (both on by default; pass False to skip). Returns the rewritten ClosedJaxpr.
+    """
+    ref_fn, opt_fn = jax.jit(fn), _api.optimize(fn, **options)
+    expected = ref_fn(*args)
+    actual = opt_fn(*args)
+    assert_bitwise_equal(actual, expected, rtol=rtol)
+
+    cj = _api.rewrite_jaxpr(jax.make_jaxpr(fn)(*args), **options)
+    if check_jaxpr:
+        C.check_jaxpr(cj)
+
+    leaves = jax.tree_util.tree_leaves(args)
+    out_leaves = jax.tree_util.tree_leaves(expected)
+    if grad is None:
+        grad = any(_inexact(x) for x in leaves) and any(_inexact(y) for y in out_leaves)
+    if grad:
+        def vjp_of(f):
+            out, pull = jax.vjp(f, *args)
+            ct = jax.tree_util.tree_map(
+                lambda y: jnp.ones_like(y) if _inexact(y) else np.zeros(np.shape(y), jax.dtypes.float0), out)
+            return pull(ct)
+        assert_value_equal(vjp_of(opt_fn), vjp_of(ref_fn), rtol=rtol)
+
+    if vmap is None or vmap:
+        try:
+            stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), args)
+            expected_v = jax.jit(jax.vmap(fn))(*stacked)
+        except Exception:  # noqa: BLE001 - vmap not defined for this program: nothing to compare
+            if vmap:
+                raise
+        else:
+            assert_bitwise_equal(jax.vmap(opt_fn)(*stacked), expected_v, rtol=rtol, what="vmap")
+    return cj
+
+
+def primitive_counts(cj) -> dict[str, int]:
+    """How many equations of each primitive, at every nesting level (structure, never text)."""
+    from ._walk import iter_eqns
+    counts: dict[str, int] = {}
+    for e in iter_eqns(cj):
+        counts[e.primitive.name] = counts.get(e.primitive.name, 0) + 1
+    return counts
