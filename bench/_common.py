@@ -1,0 +1,145 @@
+"""Shared measuring helpers for bench/*.py.
+
+How we measure (these machines are shared and noisy): ratios in one process, paired runs
+(baseline, candidate, baseline, ...), medians of at least 5. An absolute time means little; a
+ratio in one run means a lot.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
+
+
+def block(x):
+    return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
+
+
+def paired(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each zero-argument callable, run interleaved (a, b, c, a, b, c, ...)."""
+    for f in fns.values():
+        for _ in range(warmup):
+            block(f())
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            block(f())
+            samples[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def paired_calls(fns: dict[str, Callable[[], object]], repeats: int = 7, inner: int = 1000) -> dict[str, float]:
+    """Median seconds per call over `inner` back-to-back calls (for dispatch overhead)."""
+    def many(f):
+        def run():
+            r = None
+            for _ in range(inner):
+                r = f()
+            return r
+        return run
+    med = paired({k: many(f) for k, f in fns.items()}, repeats=repeats)
+    return {k: v / inner for k, v in med.items()}
+
+
+def phases(jitted, *args, **kwargs) -> dict:
+    """Seconds for trace, lower and compile of a `jax.jit`-like object (fresh, not cached)."""
+    gc.collect()
+    t0 = time.perf_counter()
+    traced = jitted.trace(*args, **kwargs)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+    return dict(trace=t1 - t0, lower=t2 - t1, compile=t3 - t2, lowered=lowered, compiled=compiled)
+
+
+def paired_phases(make: dict[str, Callable[[], object]], args: Sequence, repeats: int = 5) -> dict[str, dict]:
+    """Median trace/lower/compile seconds per variant; `make[k]()` returns a FRESH jitted object
+    (so nothing is cached between repeats), interleaved across variants."""
+    samples: dict[str, dict[str, list[float]]] = {k: {"trace": [], "lower": [], "compile": []} for k in make}
+    last = {}
+    for _ in range(repeats):
+        for k, mk in make.items():
+            jax.clear_caches()
+            p = phases(mk(), *args)
+            for ph in ("trace", "lower", "compile"):
+                samples[k][ph].append(p[ph])
+            last[k] = p
+    out = {}
+    for k, s in samples.items():
+        out[k] = {ph: statistics.median(v) for ph, v in s.items()}
+        out[k]["lowered"] = last[k]["lowered"]
+        out[k]["compiled"] = last[k]["compiled"]
+    return out
+
+
+def mlir_functions(lowered) -> int:
+    """Number of `func.func` operations in a lowered module (walked, not grepped)."""
+    module = lowered.compiler_ir("stablehlo")
+    count = 0
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            count += 1
+    return count
+
+
+def cpu_fusions(compiled) -> int:
+    """Fusions in a compiled CPU program (delegates to jaxrewrite._xla when it exists)."""
+    try:
+        from jaxrewrite import _xla
+        return _xla.cpu_fusions(compiled)
+    except ImportError:
+        text = compiled.as_text()
+        return sum(1 for line in text.splitlines() if " fusion(" in line and "=" in line and "ENTRY" not in line)
+
+
+def write_results(name: str, rows: list[dict], meta: dict | None = None) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{name}.json")
+    payload = dict(name=name, jax=jax.__version__, backend=jax.default_backend(),
+                   date=time.strftime("%Y-%m-%d %H:%M:%S"), meta=meta or {}, rows=rows)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    return path
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or rows[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def cli(name: str, main: Callable[[bool], list[dict]], columns: Sequence[str] | None = None):
+    """The `python bench/<name>.py [--quick]` entry point."""
+    quick = "--quick" in sys.argv[1:]
+    rows = main(quick)
+    print(markdown_table(rows, columns))
+    print(f"\nwritten {write_results(name, rows, dict(quick=quick))}")
