@@ -4,6 +4,8 @@
     f = jaxrewrite.optimize(f)          # a drop-in jax.jit
 """
 from ._api import last_report as last_report
+from ._explain import Explanation as Explanation
+from ._explain import explain as explain
 from ._api import make_jaxpr as make_jaxpr
 from ._api import optimize as optimize
 from ._api import rewrite_jaxpr as rewrite_jaxpr

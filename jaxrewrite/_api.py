@@ -20,6 +20,7 @@ import jax
 
 from . import _compat as C
 from . import _pipeline
+from . import _log
 from ._options import NAMES, Options
 from ._report import logger
 
@@ -48,38 +49,57 @@ def optimize(fun: Callable | None = None, /, **kwargs):
         return functools.partial(optimize, **kwargs)
     if not callable(fun):
         raise TypeError(f"optimize() expects a callable, got {type(fun).__name__}: {fun!r}")
-    key = _cache_key(fun, options, jit_kw)
-    if key is not None:
-        with _CACHE_LOCK:
-            hit = _CACHE.get(key)
-            if hit is not None:
-                _CACHE.move_to_end(key)
-                return hit
+    key = _cache_key(options, jit_kw)
+    store = _store_for(fun) if key is not None else None
+    if store is None:
+        return jax.jit(_rewriting(fun, options), **jit_kw)
+    with _CACHE_LOCK:
+        hit = store.get(key)
+    if hit is not None:
+        return hit
     jitted = jax.jit(_rewriting(fun, options), **jit_kw)
-    if key is not None:
-        with _CACHE_LOCK:
-            _CACHE[key] = jitted
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
-    return jitted
+    with _CACHE_LOCK:
+        # another thread may have made one meanwhile: the first one in wins, so every caller
+        # shares one jitted object (and jax.jit's cache: one trace per shape)
+        return store.setdefault(key, jitted)
 
 
-# Wrappers are reused for the same function and options: keyed by a weak reference to `fun`
-# (so the key never keeps it alive), bounded so the cache cannot grow without limit.
-_CACHE: collections.OrderedDict = collections.OrderedDict()
+# Wrappers are reused for the same function and options. They live on the function itself
+# (`fun.__dict__`), so the cache dies with the function: fun -> store -> wrapper -> fun is a
+# cycle the garbage collector frees. Callables without a writable `__dict__` (bound methods,
+# builtins) use a small bounded table keyed by a weak reference instead.
+_STORE_ATTR = "__jaxrewrite_wrappers__"
 _CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 512
+_FALLBACK: collections.OrderedDict = collections.OrderedDict()
+_FALLBACK_SIZE = 64
 
 
-def _cache_key(fun, options: Options, jit_kw: dict):
+def _cache_key(options: Options, jit_kw: dict):
     try:
-        ref = weakref.WeakMethod(fun) if inspect.ismethod(fun) else weakref.ref(fun)
         extra = tuple(sorted((k, _hashable(v)) for k, v in jit_kw.items()))
-        key = (ref, options.key(), extra, C.x64_enabled())
+        key = (options.key(), extra, C.x64_enabled())
         hash(key)
         return key
-    except TypeError:  # not weak-referenceable, or unhashable options: no reuse
+    except TypeError:  # unhashable jit options: no reuse
         return None
+
+
+def _store_for(fun) -> dict | None:
+    d = getattr(fun, "__dict__", None)
+    if isinstance(d, dict) and not inspect.ismethod(fun):
+        with _CACHE_LOCK:
+            return d.setdefault(_STORE_ATTR, {})
+    try:
+        ref = weakref.WeakMethod(fun) if inspect.ismethod(fun) else weakref.ref(fun)
+        hash(ref)
+    except TypeError:
+        return None
+    with _CACHE_LOCK:
+        store = _FALLBACK.pop(ref, None) or {}
+        _FALLBACK[ref] = store  # most recently used last
+        while len(_FALLBACK) > _FALLBACK_SIZE:
+            _FALLBACK.popitem(last=False)
+    return store
 
 
 def _hashable(v):
@@ -94,7 +114,7 @@ def _hashable(v):
 def _rewriting(fun: Callable, options: Options) -> Callable:
     """The function `jax.jit` traces: trace `fun`, rewrite, evaluate into the current trace."""
 
-    @functools.wraps(fun)
+    @functools.wraps(fun, updated=())  # not fun.__dict__: it holds optimize's wrapper store
     def wrapped(*args, **kwargs):
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         # Inside jax.jit every dynamic argument is a tracer; anything else is a static argument
@@ -113,10 +133,12 @@ def _rewriting(fun: Callable, options: Options) -> Callable:
 
         dyn_vals = [leaves[i] for i in dyn]
         t0 = time.perf_counter()
-        cj = C.trace(flat_fun, dyn_vals)
+        # named like `fun`, so errors while tracing it read as they do under jax.jit
+        cj = C.trace(C.name_like(flat_fun, fun, args, kwargs, dyn), dyn_vals)
         t1 = time.perf_counter()
         result = _pipeline.rewrite(cj, options)
         result.report.time("trace", t1 - t0)
+        _log.rewritten(fun, dyn_vals, result.report)  # JAXREWRITE_LOG=1: one line per function
         _LAST.report = result.report
         logger.debug("optimize(%s): %s", getattr(fun, "__name__", fun), dict(result.report.counts))
         outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)

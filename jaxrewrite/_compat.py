@@ -252,11 +252,57 @@ def trace(flat_fun: Callable, flat_args: Sequence) -> ClosedJaxpr:
     return jax.make_jaxpr(flat_fun)(*flat_args)
 
 
-def trace_avals(fun: Callable, avals: Sequence) -> ClosedJaxpr:
-    """Trace `fun` on abstract values (used by rewrites to build replacement equations)."""
+def name_like(flat_fun: Callable, fun: Callable, args: Sequence, kwargs: dict,
+              dyn: Sequence[int]) -> Callable:
+    """Give `flat_fun` (called with the dynamic leaves `dyn` of `(args, kwargs)`) the debug
+    info `jax.jit(fun)` would have, so errors raised while tracing it (a tracer used as a bool,
+    ...) name the user's function and argument names, not jaxrewrite's wrapper."""
+    from jax._src import api_util
+    try:
+        dbg = api_util.debug_info("jit", fun, args, kwargs)
+        names = dbg.arg_names
+        if names is None or len(names) != len(jax.tree_util.tree_leaves((args, kwargs))):
+            return flat_fun
+        api_util.save_wrapped_fun_debug_info(
+            flat_fun, dbg._replace(arg_names=tuple(names[i] for i in dyn)))
+    except Exception:  # noqa: BLE001 - debug info is a nicety; never fail a trace over it
+        pass
+    return flat_fun
+
+
+def trace_avals(fun: Callable, avals: Sequence, ctx=None) -> ClosedJaxpr:
+    """Trace `fun` on abstract values (used by rewrites to build replacement equations).
+
+    `ctx` is the context of the equation being replaced: inside a `shard_map` body with
+    `check_vma`, operands carry varying manual axes (`f32[4]{V:i}`) that only trace right under
+    that body's manual mesh, so such avals are traced there, as they are (see `_trace_manual`).
+    """
+    if ctx is not None and any(_varying(a) for a in avals):
+        return _trace_manual(fun, avals, ctx)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
              for a in avals]
     return jax.make_jaxpr(fun)(*specs)
+
+
+def _varying(aval) -> frozenset:
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is None:  # JAX < 0.8 (at least 0.7.0): the varying manual axes are `aval.vma`
+        return getattr(aval, "vma", frozenset()) or frozenset()
+    return getattr(mat, "varying", frozenset()) or frozenset()
+
+
+def _trace_manual(fun: Callable, avals: Sequence, ctx) -> ClosedJaxpr:
+    """Trace `fun` on `avals` (with their varying manual axes) under `ctx`'s manual mesh, with
+    vma checking on, as `shard_map` traces its body; JAX then inserts the `pvary`s it needs."""
+    from jax._src import api_util, config, mesh as mesh_lib
+    from jax._src import linear_util as lu
+    from jax._src.interpreters import partial_eval as pe
+    mesh = ctx.cur_abstract_mesh
+    dbg = api_util.debug_info("jaxrewrite", fun, avals, {})
+    with config._check_vma(True), mesh_lib.use_abstract_mesh(mesh), \
+            _core.extend_axis_env_nd(mesh.shape.items()):
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fun, debug_info=dbg), list(avals))
+    return ClosedJaxpr(jaxpr, consts)
 
 
 def eval_jaxpr(cj: ClosedJaxpr, *args) -> list:
@@ -290,5 +336,98 @@ def aval_key(aval) -> tuple:
             str(getattr(aval, "memory_space", "")))
 
 
+def enable_x64(flag: bool = True):
+    """Context manager: 64-bit mode on/off (`jax.enable_x64`; JAX < 0.8: jax.experimental's)."""
+    fn = getattr(jax, "enable_x64", None)
+    if fn is None:  # JAX < 0.8 (at least 0.7.0): only `jax.experimental.enable_x64`
+        from jax.experimental import enable_x64 as fn
+    return fn(flag)
+
+
 def x64_enabled() -> bool:
     return bool(jax.config.jax_enable_x64)
+
+
+# --- added for constant folding (fold pass) ------------------------------------------------------
+
+def filtered_debug_info(jaxpr: Jaxpr, keep_in: Sequence[bool] | None = None,
+                        keep_out: Sequence[bool] | None = None):
+    """`jaxpr.debug_info` after dropping inputs/outputs (`keep_*` masks), names kept in step."""
+    di = jaxpr.debug_info
+    if di is None:
+        return None
+    kw = {}
+    if keep_in is not None:
+        kw["arg_names"] = di.filter_arg_names(keep_in)
+    if keep_out is not None:
+        kw["result_paths"] = di.filter_result_paths(keep_out)
+    return di._replace(**kw)
+
+
+def eval_primitive_on_cpu(primitive, values: Sequence, params) -> list:
+    """Apply `primitive` to concrete numpy `values` now, on the CPU, whatever trace is current.
+
+    XLA's own semantics (shifts by the bit width, division by zero, overflow), not numpy's.
+    Compiled with the values as arguments: JAX's eager path constant-folds integer division by
+    zero on the host and crashes the process (SIGFPE) in jax 0.10.
+    """
+    cpu = jax.devices("cpu")[0]
+    try:
+        key = (primitive, tuple(sorted(params.items())))
+        hash(key)
+    except TypeError:
+        key = None
+    fn = _EVAL_CACHE.get(key) if key is not None else None
+    if fn is None:
+        fn = jax.jit(lambda *a: primitive.bind(*a, **params))
+        if key is not None:
+            _EVAL_CACHE[key] = fn
+    with jax.ensure_compile_time_eval(), jax.default_device(cpu):
+        args = [jax.device_put(v, cpu) for v in values]
+        out = fn(*args)
+    outs = list(out) if primitive.multiple_results else [out]
+    return [np.asarray(o) for o in outs]
+
+
+_EVAL_CACHE: dict = {}
+
+
+# --- added for data-movement passes (movement, scalarize) --------------------------------------
+
+def lax_primitive(name: str):
+    """The lax primitive called `name` ('slice', 'reshape', 'stack', ...), or None if this JAX
+    has none (`stack`/`unstack` are recent primitives: scalarize does nothing without them)."""
+    for mod in (_lax_mod, _slicing):
+        p = getattr(mod, f"{name}_p", None)
+        if isinstance(p, Primitive):
+            return p
+    return None
+
+
+# --- added for structural identity (dedup/cse) -----------------------------------------------------
+
+def _closure_cells(fn) -> dict:
+    return {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+
+def custom_jvp_rule(jvp_jaxpr_fun):
+    """What a `custom_jvp_call`'s `jvp_jaxpr_fun` thunk stands for, as comparable parts.
+
+    JAX makes a fresh thunk per trace (a memoized closure over the user's JVP rule as a
+    `WrappedFun`), so two traces of one `custom_jvp` function never share it. Returns
+    (rule function, ((transformation, static args), ...), params) with the per-trace aux-store
+    lambdas left out, or None when the thunk does not have the expected shape (then callers
+    compare it by identity). Read from jax/_src/interpreters/partial_eval.py
+    (`process_custom_jvp_call`), JAX 0.10.
+    """
+    try:
+        thunk = _closure_cells(jvp_jaxpr_fun.f)["fn"]
+        jvp = _closure_cells(thunk)["jvp"]
+        transforms = tuple(
+            (gen, tuple(a for a in args
+                        if not (callable(a) and getattr(a, "__qualname__", "").startswith(
+                            "transformation_with_aux2.<locals>"))))
+            for gen, args in jvp.transforms)
+        return jvp.f, transforms, tuple(jvp.params)
+    except Exception:  # noqa: BLE001 - another JAX version: identity comparison is the fallback
+        return None

@@ -19,6 +19,9 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
                       "'all' also allows concatenate/pad forms"),
     ("movement", True, "simplify chains of data movement (slice/concat/transpose/reshape/rev)"),
     ("scalarize", "auto", "split small static axes into separate arrays so permutations are renaming"),
+    ("autotune", False, "decide between candidate forms by compiling them (True: launch counts "
+                         "+ cost model; 'time': run times, opt-in, may differ between processes); "
+                         "choices cached on disk"),
     ("target", None, "backend the cost model decides for: 'cpu', 'gpu', 'tpu' (default: current)"),
     ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
     ("debug_checks", False, "check_jaxpr after every pass"),
@@ -26,6 +29,34 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
 )
 
 DEFAULTS = {name: default for name, default, _ in OPTIONS}
+
+
+def _bool(v):
+    return isinstance(v, bool)
+
+
+def _count(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+# What each option accepts: a typo such as `dedup="off"` is an error, not a truthy "on".
+VALID = {
+    "dedup": (_bool, "True or False"),
+    "cse": (_bool, "True or False"),
+    "reroll": (lambda v: _bool(v) or (_count(v) and v >= 2), "True, False, or an int >= 2"),
+    "unroll": (lambda v: _bool(v) or _count(v), "an int >= 1 or a bool"),
+    "fold": (_bool, "True or False"),
+    "fold_limit": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
+    "gathers": (lambda v: _bool(v) or v == "all", "True, False or 'all'"),
+    "movement": (_bool, "True or False"),
+    "scalarize": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
+    "autotune": (lambda v: _bool(v) or v == "time", "True, False or 'time'"),
+    "target": (lambda v: v is None or v in ("cpu", "gpu", "cuda", "rocm", "tpu"),
+               "None, 'cpu', 'gpu' or 'tpu'"),
+    "max_rounds": (_count, "an int >= 1"),
+    "debug_checks": (_bool, "True or False"),
+    "strict": (_bool, "True or False"),
+}
 NAMES = tuple(DEFAULTS)
 
 
@@ -40,6 +71,7 @@ class Options:
     gathers: Any = DEFAULTS["gathers"]
     movement: Any = DEFAULTS["movement"]
     scalarize: Any = DEFAULTS["scalarize"]
+    autotune: Any = DEFAULTS["autotune"]
     target: Any = DEFAULTS["target"]
     max_rounds: int = DEFAULTS["max_rounds"]
     debug_checks: bool = DEFAULTS["debug_checks"]
@@ -51,6 +83,10 @@ class Options:
         if unknown:
             raise TypeError(f"unknown jaxrewrite option(s) {unknown}; valid rewrite options: "
                             f"{', '.join(NAMES)}")
+        for name, value in kw.items():
+            ok, what = VALID.get(name, (lambda v: True, ""))
+            if not ok(value):
+                raise ValueError(f"jaxrewrite option {name}={value!r}: expected {what}")
         return cls(**kw)
 
     def key(self) -> tuple:

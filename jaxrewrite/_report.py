@@ -6,6 +6,8 @@ Passes never print; they record into the `Report` they are handed (`report.appli
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
 import dataclasses
 import logging
 from typing import Any
@@ -70,13 +72,36 @@ def _prims(eqn) -> tuple[str, ...]:
 
 
 def _loc(eqn):
-    if eqn is None:
-        return None
     if isinstance(eqn, (list, tuple)):
         eqn = eqn[0] if eqn else None
-        if eqn is None:
-            return None
-    return C.user_location(eqn)
+    loc = C.user_location(eqn) if eqn is not None else None
+    if loc is None:
+        stack = getattr(_SITES, "stack", ())
+        loc = next((l for l in map(C.user_location, reversed(stack)) if l is not None), None)
+    return loc
+
+
+_SITES = threading.local()
+
+
+def current_call_site():
+    """The equation whose nested jaxprs the walker is in now (None at the top level)."""
+    stack = getattr(_SITES, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def call_site(eqn):
+    """While the walker is inside `eqn`'s nested jaxprs, `eqn`'s user line is the fallback
+    location of events recorded there."""
+    stack = getattr(_SITES, "stack", None)
+    if stack is None:
+        stack = _SITES.stack = []
+    stack.append(eqn)  # its location is computed only if an event needs it
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 class Decline(Exception):

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _compat as C
+from ._report import call_site
 
 # Parameters that are jaxprs but must not be rewritten: JAX keeps them as they are.
 # (custom_jvp's `jvp_jaxpr_fun` and custom_vjp's `fwd_jaxpr_thunk`/`bwd` are thunks, not jaxprs.)
@@ -39,29 +40,53 @@ def like(orig, new: C.ClosedJaxpr):
 
 
 def map_jaxprs(cj: C.ClosedJaxpr, fn: Callable[[C.ClosedJaxpr], C.ClosedJaxpr],
-               memo: dict | None = None) -> C.ClosedJaxpr:
-    """Apply `fn` bottom-up to `cj` and every jaxpr nested in it; shared objects stay shared."""
+               memo: dict | None = None, *, nested_only: bool = False) -> C.ClosedJaxpr:
+    """Apply `fn` bottom-up to `cj` and every jaxpr nested in it; shared objects stay shared.
+
+    With `nested_only`, `cj` itself (rebuilt around its rewritten nested jaxprs) is not passed
+    to `fn`.
+    """
     memo = {} if memo is None else memo
-    return _map(cj, fn, memo)
+    return _map(cj, fn, memo, not nested_only)
 
 
-def _map(j, fn, memo):
+def _map(j, fn, memo, apply=True):
     key = id(j)
     hit = memo.get(key)
-    if hit is not None and hit[0] is j:
+    if hit is not None and hit[0] is j and apply:
         return hit[1]
     cj = as_closed(j)
     eqns = []
     changed = False
     for eqn in cj.jaxpr.eqns:
-        new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo))
+        if not has_subjaxprs(eqn):  # most equations: nothing to walk into
+            eqns.append(eqn)
+            continue
+        # JAX cuts tracebacks at jit boundaries: equations inside a library's jit (`jnp.take`'s
+        # `_take`) have no user frame, so the report falls back to the call site's line.
+        with call_site(eqn):
+            new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo))
         changed |= new_eqn is not eqn
         eqns.append(new_eqn)
     if changed:
         cj = C.closed(C.replace_jaxpr(cj.jaxpr, eqns=eqns), cj.consts)
+    if not apply:
+        return like(j, cj)
     out = like(j, fn(cj))
     memo[key] = (j, out)  # keep `j` alive so its id is not reused during the walk
     return out
+
+
+_JAXPR_TYPES = (C.ClosedJaxpr, C.Jaxpr)
+
+
+def has_subjaxprs(eqn) -> bool:
+    """Whether `eqn` may hold jaxprs in its params (a cheap test, before `params_jaxprs`)."""
+    for v in eqn.params.values():
+        if isinstance(v, _JAXPR_TYPES) or (isinstance(v, tuple) and v
+                                           and isinstance(v[0], _JAXPR_TYPES)):
+            return True
+    return False
 
 
 def map_eqn_subjaxprs(eqn, fn: Callable):
@@ -88,8 +113,9 @@ def iter_jaxprs(cj, seen: set | None = None):
     yield cj
     jaxpr = cj.jaxpr if isinstance(cj, C.ClosedJaxpr) else cj
     for eqn in jaxpr.eqns:
-        for _, _, sub in C.params_jaxprs(eqn.params):
-            yield from iter_jaxprs(sub, seen)
+        if has_subjaxprs(eqn):
+            for _, _, sub in C.params_jaxprs(eqn.params):
+                yield from iter_jaxprs(sub, seen)
 
 
 def iter_eqns(cj):
@@ -99,7 +125,8 @@ def iter_eqns(cj):
 
 
 def count_eqns(cj) -> int:
-    return sum(1 for _ in iter_eqns(cj))
+    return sum(len((j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns)
+               for j in iter_jaxprs(cj))
 
 
 # --- one level: rule-driven rewriting ----------------------------------------------------------
@@ -166,7 +193,8 @@ class Emitter:
         self.eqns: list = []
 
     def call(self, fun: Callable, *atoms) -> list:
-        cj = C.trace_avals(lambda *xs: _as_list(fun(*xs)), [C.aval_of(a) for a in atoms])
+        cj = C.trace_avals(lambda *xs: _as_list(fun(*xs)), [C.aval_of(a) for a in atoms],
+                           self.eqn.ctx)  # the ctx: manual axes inside shard_map bodies
         return self.inline(cj, atoms)
 
     def inline(self, cj: C.ClosedJaxpr, atoms: Sequence) -> list:

@@ -167,3 +167,28 @@ def test_iter_eqns_counts_each_distinct_jaxpr_once(n):
     counts = primitive_counts(cj)
     assert counts["jit"] == 2 * n
     assert counts["mul"] == 1 + n  # the shared body once, each fresh body once
+
+
+def test_nested_only_leaves_the_program_itself_to_the_caller():
+    inner = jax.jit(lambda y: jnp.cos(y))
+    cj = jax.make_jaxpr(lambda x: jnp.sin(inner(x)))(jnp.ones(2))
+    calls = []
+
+    def cos_to_sin(c):
+        calls.append(c)
+        eqns = [e.replace(primitive=lax.sin_p) if e.primitive is lax.cos_p else e
+                for e in c.jaxpr.eqns]
+        return C.closed(C.replace_jaxpr(c.jaxpr, eqns=eqns), c.consts)
+
+    out = W.map_jaxprs(cj, cos_to_sin, nested_only=True)
+    assert len(calls) == 1 and calls[0] is not cj  # only the inner jaxpr
+    assert out is not cj and primitive_counts(out) == {"jit": 1, "sin": 2}
+    assert W.map_jaxprs(cj, lambda c: c, nested_only=True) is cj  # nothing rebuilt
+
+
+def test_has_subjaxprs_agrees_with_params_jaxprs():
+    cj = jax.make_jaxpr(_nested_program)(jnp.ones(3), 1)
+    eqns = list(W.iter_eqns(cj))
+    assert any(W.has_subjaxprs(e) for e in eqns) and not all(W.has_subjaxprs(e) for e in eqns)
+    for e in eqns:
+        assert W.has_subjaxprs(e) == any(True for _ in C.params_jaxprs(e.params))

@@ -1,0 +1,236 @@
+"""Static permutations (issue 5): ChaCha20 and the seed program in every form, jax.jit vs optimize.
+
+    python bench/permutations.py [--quick]
+    JAX_PLATFORMS=cpu .venv-gpu/bin/python bench/permutations.py   # + H200 kernels (gpu-aot)
+
+1. The ChaCha20 block function (RFC 8439): a 4x4 uint32 state, quarter-rounds on the columns of
+   the rows, the diagonal step written as
+   - `take`:   `jnp.take` of the raveled state with a static map, and back (as users write it);
+   - `roll`:   `jnp.roll` per row, then `jnp.stack`;
+   - `concat`: one concatenate of the contiguous runs of the raveled state;
+   - `rows`:   4 separate row arrays, a static `jnp.take` per row;
+   - `words`:  by hand, 16 separate words (the diagonal step is renaming);
+   - `take+optimize`: the `take` form through `jaxrewrite.optimize` (movement + scalarize).
+   vmapped over 65,536 blocks (4,096 with --quick). Every form is checked bit-exact against the
+   RFC 8439 section 2.3.2 test vector and against `jax.jit` of the `take` form.
+2. The seed's 7-iteration program (bench/seed.py), interdependent column function, with the
+   `lax.gather`, `jnp.take` and ravel-index-reshape permutations and with none.
+
+Columns: H200 kernels (deviceless XLA compile, when the gpu-aot extra is importable and
+JAX_PLATFORMS=cpu; `optimize` rows with target="gpu"), CPU fusions, CPU run time (paired
+medians) and its ratio to the hand-written form (ChaCha) or to the no-permutation form (seed),
+compile seconds for the CPU and the H200 — wall, and process CPU time (steadier on a shared
+machine) — each including trace and, for `optimize`, the rewrite.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxrewrite  # noqa: E402
+from jaxrewrite import _xla  # noqa: E402
+
+NAME = "permutations"
+COLUMNS = ("program", "form", "kernels_h200", "cpu_fusions", "run_ms", "run_ratio",
+           "compile_s_cpu", "compile_cpu_s_cpu", "compile_s_h200", "compile_cpu_s_h200", "exact")
+
+# --- ChaCha20 ------------------------------------------------------------------------------------
+
+DIAG = np.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])  # diagonals → columns
+UNDIAG = np.argsort(DIAG)
+ROUNDS = 10  # double rounds
+
+
+def rotl(x, n):
+    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
+
+
+def quarter(a, b, c, d):
+    a = a + b; d = rotl(d ^ a, 16)  # noqa: E702
+    c = c + d; b = rotl(b ^ c, 12)  # noqa: E702
+    a = a + b; d = rotl(d ^ a, 8)  # noqa: E702
+    c = c + d; b = rotl(b ^ c, 7)  # noqa: E702
+    return a, b, c, d
+
+
+def _columns(s):
+    return jnp.stack(quarter(s[0], s[1], s[2], s[3]))
+
+
+def _runs(flat, perm):
+    """`flat[perm]` as one concatenate of the contiguous runs of `perm`."""
+    pieces, start = [], 0
+    for k in range(1, len(perm) + 1):
+        if k == len(perm) or perm[k] != perm[k - 1] + 1:
+            pieces.append(flat[perm[start]:perm[k - 1] + 1])
+            start = k
+    return jnp.concatenate(pieces)
+
+
+def chacha_take(x, rounds=ROUNDS):
+    s = x
+    for _ in range(rounds):
+        s = jnp.take(_columns(s).ravel(), DIAG).reshape(4, 4)
+        s = jnp.take(_columns(s).ravel(), UNDIAG).reshape(4, 4)
+    return s + x
+
+
+def chacha_roll(x, rounds=ROUNDS):
+    s = x
+    for _ in range(rounds):
+        s = _columns(s)
+        s = jnp.stack([jnp.roll(s[i], -i) for i in range(4)])
+        s = _columns(s)
+        s = jnp.stack([jnp.roll(s[i], i) for i in range(4)])
+    return s + x
+
+
+def chacha_concat(x, rounds=ROUNDS):
+    s = x
+    for _ in range(rounds):
+        s = _runs(_columns(s).ravel(), DIAG).reshape(4, 4)
+        s = _runs(_columns(s).ravel(), UNDIAG).reshape(4, 4)
+    return s + x
+
+
+def chacha_rows(x, rounds=ROUNDS):
+    r = [x[i] for i in range(4)]
+    for _ in range(rounds):
+        r = list(quarter(*r))
+        r = [jnp.take(r[i], (np.arange(4) + i) % 4) for i in range(4)]
+        r = list(quarter(*r))
+        r = [jnp.take(r[i], (np.arange(4) - i) % 4) for i in range(4)]
+    return jnp.stack(r) + x
+
+
+def chacha_words(x, rounds=ROUNDS):
+    w = [x[i // 4, i % 4] for i in range(16)]
+    s = list(w)
+    for _ in range(rounds):
+        for c in range(4):
+            s[c], s[4 + c], s[8 + c], s[12 + c] = quarter(s[c], s[4 + c], s[8 + c], s[12 + c])
+        for c in range(4):
+            i = [c, 4 + (c + 1) % 4, 8 + (c + 2) % 4, 12 + (c + 3) % 4]
+            s[i[0]], s[i[1]], s[i[2]], s[i[3]] = quarter(*(s[k] for k in i))
+    return jnp.stack([a + b for a, b in zip(s, w)]).reshape(4, 4)
+
+
+FORMS = {"take": chacha_take, "roll": chacha_roll, "concat": chacha_concat,
+         "rows": chacha_rows, "words": chacha_words}
+
+# RFC 8439, section 2.3.2: key 00:01:..:1f, block count 1, nonce 00:00:00:09:00:00:00:4a:00..00
+RFC_STATE = np.array([0x61707865, 0x3320646e, 0x79622d32, 0x6b206574,
+                      0x03020100, 0x07060504, 0x0b0a0908, 0x0f0e0d0c,
+                      0x13121110, 0x17161514, 0x1b1a1918, 0x1f1e1d1c,
+                      0x00000001, 0x09000000, 0x4a000000, 0x00000000], np.uint32).reshape(4, 4)
+RFC_OUT = np.array([0xe4e7f110, 0x15593bd1, 0x1fdd0f50, 0xc47120a3,
+                    0xc7f4d1c7, 0x0368c033, 0x9aaa2204, 0x4e6cd4c3,
+                    0x466482d2, 0x09aa9f07, 0x05d7c214, 0xa2028bd9,
+                    0xd19c12b5, 0xb94e16de, 0xe883d0cb, 0x4e3c50a2], np.uint32).reshape(4, 4)
+
+
+def _blocks(n):
+    x = np.random.default_rng(0).integers(0, 2**32, (n, 4, 4), dtype=np.uint32)
+    x[0] = RFC_STATE
+    return jnp.asarray(x)
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+def _compile_s(jitted, arg):
+    """Wall and process-CPU seconds of trace + rewrite + lower + compile (what a user waits
+    for), from fresh caches."""
+    jax.clear_caches()
+    t, p = time.perf_counter(), time.process_time()
+    compiled = jitted.lower(arg).compile()
+    return time.perf_counter() - t, time.process_time() - p, compiled
+
+
+def _h200(make, spec) -> dict:
+    if not (_xla.gpu_aot_available() and "cpu" in (jax.config.jax_platforms or "")):
+        return {}
+    jax.clear_caches()
+    t, p = time.perf_counter(), time.process_time()
+    c = _xla.gpu_compile(make(), spec)
+    # process CPU seconds too: on a shared machine they vary less than wall seconds
+    return dict(kernels_h200=_xla.gpu_kernels(c), compile_s_h200=time.perf_counter() - t,
+                compile_cpu_s_h200=time.process_time() - p)
+
+
+def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
+           gpu_variants: dict) -> list[dict]:
+    """`variants`: name → zero-argument maker of a fresh jitted callable; `gpu_variants` replaces
+    some for the H200 compile (optimize with target="gpu": the GPU rows of the cost model)."""
+    rows, calls = [], {}
+    spec = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+    for name, make in variants.items():
+        print(f"[{NAME}] {program} / {name}", file=sys.stderr, flush=True)
+        cs, cpu_s, compiled = _compile_s(make(), arg)
+        out = np.asarray(compiled(arg))
+        row = dict(program=program, form=name, cpu_fusions=_common.cpu_fusions(compiled),
+                   compile_s_cpu=cs, compile_cpu_s_cpu=cpu_s,
+                   exact=bool(np.array_equal(out, reference)))
+        row.update(_h200(gpu_variants.get(name, make), spec))
+        rows.append(row)
+        calls[name] = (lambda c=compiled: c(arg))
+    med = _common.paired(calls, repeats=repeats)
+    for row in rows:
+        row["run_ms"] = med[row["form"]] * 1e3
+        row["run_ratio"] = med[row["form"]] / med[baseline]
+    return rows
+
+
+def chacha(quick: bool) -> list[dict]:
+    n = 4096 if quick else 65536
+    x = _blocks(n)
+    ref = np.asarray(jax.jit(jax.vmap(chacha_take))(x))
+    assert np.array_equal(ref[0], RFC_OUT), "the take form does not match RFC 8439 2.3.2"
+    variants = {k: (lambda f=f: jax.jit(jax.vmap(f))) for k, f in FORMS.items()}
+    variants["take+optimize"] = lambda: jaxrewrite.optimize(jax.vmap(chacha_take))
+    gpu = {"take+optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu")}
+    if quick:  # the slow-to-compile forms are left to the full run
+        variants = {k: v for k, v in variants.items() if k in ("take", "words", "take+optimize")}
+    rows = _table("chacha20", variants, x, "words", ref, 3 if quick else 7, gpu)
+    single = np.asarray(jaxrewrite.optimize(chacha_take)(jnp.asarray(RFC_STATE)))
+    for row in rows:
+        row["exact"] = row["exact"] and (row["form"] != "take+optimize"
+                                         or np.array_equal(single, RFC_OUT))
+    return rows
+
+
+def seed(quick: bool) -> list[dict]:
+    from seed import COLFNS, PERMS, rounds_program
+    n = 4096 if quick else 65536
+    ms = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (n, 4, 4), dtype=np.uint32))
+    variants = {"none": lambda: jax.jit(rounds_program(COLFNS["mix"], PERMS["none"]))}
+    gpu = {}
+    for p in ("gather", "take", "ravel"):
+        fn = rounds_program(COLFNS["mix"], PERMS[p])
+        variants[p] = lambda fn=fn: jax.jit(fn)
+        variants[f"{p}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn)
+        gpu[f"{p}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn, target="gpu")
+    ref = {}
+    rows = []
+    for p in ("gather", "take", "ravel"):
+        ref[p] = np.asarray(jax.jit(rounds_program(COLFNS["mix"], PERMS[p]))(ms))
+    rows = _table("seed/mix", variants, ms, "none", ref["take"], 3 if quick else 7, gpu)
+    for row in rows:
+        if row["form"] == "none":
+            row["exact"] = "-"
+    return rows
+
+
+def main(quick: bool = False) -> list[dict]:
+    return chacha(quick) + seed(quick)
+
+
+if __name__ == "__main__":
+    _common.cli(NAME, main, COLUMNS)

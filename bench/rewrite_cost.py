@@ -1,0 +1,89 @@
+"""The rewrite's own cost: optimize's trace+lower against jax.jit's, and where the rewrite's time
+goes, pass by pass.
+
+    python bench/rewrite_cost.py [--quick]
+
+Cases (builders shared with bench/dedup.py and bench/scale.py):
+* `closures`: N fresh `jax.jit` closures of an 8-step body (N = 8, 16, 50);
+* `remat transformer grad`: `jax.grad` of an 8-layer pre-norm transformer stack, `jax.checkpoint`
+  per layer (d=64, t=32);
+* `size`: the scale benchmark's repeating block, 100 and 1000 blocks (1.6k / 16k equations).
+
+Columns: trace+lower medians (paired: jit, optimize, jit, ...; caches cleared before each, so
+constant folding pays any compile it needs every time, as in a fresh process), their ratio, the
+rewrite (all passes, from the report) and each pass in ms, and the rewrite over the user
+program's trace (issue 7 asks <= 0.25 at 10k equations).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxrewrite  # noqa: E402
+
+NAME = "rewrite_cost"
+PASSES = ("fold", "gathers", "movement", "scalarize", "dedup", "cse")
+COLUMNS = ("case", "N", "eqns", "trace_lower_jit_ms", "trace_lower_opt_ms", "ratio", "rewrite_ms",
+           *(f"{p}_ms" for p in PASSES), "rewrite_over_trace")
+
+
+def _trace_lower(jitted, args) -> float:
+    t = time.perf_counter()
+    jitted.trace(*args).lower()
+    return time.perf_counter() - t
+
+
+def row(case: str, n: int, make_fn, args, repeats: int) -> dict:
+    samples = {"jit": [], "opt": []}
+    timings: list[dict] = []
+    for k in samples:  # warm-up: imports, first traces
+        jax.clear_caches()
+        _trace_lower(jax.jit(make_fn()) if k == "jit" else jaxrewrite.optimize(make_fn()), args)
+    for _ in range(repeats):
+        for k in samples:
+            jax.clear_caches()
+            f = jax.jit(make_fn()) if k == "jit" else jaxrewrite.optimize(make_fn())
+            samples[k].append(_trace_lower(f, args))
+            if k == "opt":
+                timings.append(dict(jaxrewrite.last_report().timings))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+
+    def t(key):
+        return statistics.median(d.get(key, 0.0) for d in timings)
+
+    from jaxrewrite import _walk
+    out = dict(case=case, N=n, eqns=_walk.count_eqns(jax.make_jaxpr(make_fn())(*args)),
+               trace_lower_jit_ms=1e3 * med["jit"], trace_lower_opt_ms=1e3 * med["opt"],
+               ratio=med["opt"] / med["jit"], rewrite_ms=1e3 * t("rewrite"))
+    out.update({f"{p}_ms": 1e3 * t(f"pass.{p}") for p in PASSES})
+    out["rewrite_over_trace"] = t("rewrite") / max(t("trace"), 1e-9)
+    print(_common.markdown_table([out], COLUMNS).splitlines()[-1], file=sys.stderr, flush=True)
+    return out
+
+
+def main(quick: bool = False) -> list[dict]:
+    import dedup as D
+    import scale as S
+    reps = 3 if quick else 7
+    x = jnp.linspace(0, 1, 64)
+    rows = [row("closures", n, lambda n=n: D._closures(n), [x], reps)
+            for n in ((8, 50) if quick else (8, 16, 50))]
+    ps, xs = D._params(8, 64), jnp.ones((32, 64))
+    rows.append(row("remat transformer grad", 8, lambda: jax.grad(D.stack), [ps, xs], reps))
+    v = jnp.linspace(0, 1, 4)
+    for nb in ((100,) if quick else (100, 1000)):
+        rows.append(row("size", nb, lambda nb=nb: S.size_program(nb), [v],
+                        reps if nb <= 100 else 3))
+    return rows
+
+
+if __name__ == "__main__":
+    _common.cli(NAME, main, COLUMNS)

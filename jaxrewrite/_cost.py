@@ -1,0 +1,182 @@
+"""The per-backend cost model for data movement: rules as a table, decisions as pure functions.
+
+What the rules rest on (measured with bench/permutations.py, jax 0.10.2, 65,536 blocks; GPU by
+XLA's deviceless H200 compile, CPU on a shared 2-core machine):
+
+* GPU: XLA fuses elementwise chains and free data movement (slice, reshape, transpose, rev,
+  broadcast, bitcast) into one kernel; a `gather` or a `concatenate`/`pad` ends or splits a
+  fusion. ChaCha20 with a static `jnp.take`: 51 kernels; `jnp.roll` per row + stack: 67; one
+  concatenate of runs: 77; 4 row arrays with a take each: 17; 16 separate words (permutations
+  are renaming): 2.
+* CPU: fewer fusions is not always faster (ChaCha20 rows form: 76 fusions; take form: 20 fusions
+  but 2.2x the 16-word form's run time). XLA:CPU copies each output's whole producer cone into
+  its own loop fusion (the 16-word form: 16 fusions of ~1,570 HLO instructions each), so every
+  re-join of pieces costs a loop per piece, and small pieces cost more loops than they save.
+* Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
+  2/5/10 double rounds: 1.3/3.3/15 s for the H200), so the GPU row cuts long split regions.
+
+`target` is 'cpu', 'gpu' or 'tpu' (`ctx.target`); unknown targets use the 'gpu' row (the
+strictest about concatenates).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetCosts:
+    # Scalar replacement (passes/scalarize.py)
+    max_axis: int          # largest axis that may be split into separate arrays
+    max_pieces: int        # most pieces one value may be split into (product of split axes)
+    max_growth: float      # most equations after / before for one jaxpr level
+    max_eqns: int          # most equations one level may have after splitting (compile time)
+    join_cost: float       # cost of re-joining one value (a stack: a concatenate in HLO)
+    mover_gain: float      # gain of one gather / concatenate / stack turned into renaming
+    # Re-join pieces with one stack ("flat") or one per axis ("nested"). Measured: nested stacks
+    # compile ~8x slower on XLA:CPU (ChaCha20: 149 fusions, 40 s vs 16, 5 s) and make more H200
+    # kernels (seed program: 10 vs 7), so every target uses "flat".
+    join_form: str = "flat"
+    # Smallest piece (elements) worth a loop of its own. CPU, seed program, split vs jax.jit run
+    # time per piece size (= batch), three runs on a shared machine: 256: 1.4-2.2x, then 0.94-1.03x;
+    # 1024: 1.8-3.1x, then 0.42-0.87x; 4096: 0.46-0.62x; 16384: 0.41-0.79x. Below 1024 there is
+    # nothing to gain and a loop per piece to lose. GPU: kernels, not loops, cost: no minimum.
+    min_piece_elements: int = 0
+    # Cut a split region with an optimization barrier at a permutation every `cut_eqns`
+    # equations (None: never). GPU: one fusion's compile time grows faster than linearly with its
+    # size (ChaCha20 16 words on the H200: 2, 5, 10 double rounds → 1.3, 3.3, 15 s); one cut in
+    # the middle costs one kernel (2 → 3) and ~25% of the compile time. CPU: XLA:CPU drops
+    # optimization barriers before fusion, so cutting changes nothing there.
+    cut_eqns: int | None = None
+    # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
+    # original and the split form. GPU: a kernel launch is the cost, so fewer kernels wins and a
+    # tie goes to the model. CPU: fewer fusions is not faster (ChaCha20: take form 20 fusions,
+    # 16 words 16 fusions but 2.2x faster; seed program 7 -> 16 fusions and ~3x faster), so the
+    # model decides and the count only vetoes a split whose fusions grow past
+    # `max_launch_growth` (nested stacks on ChaCha20: 16 -> 149 fusions, compile 5 s -> 40 s).
+    counts_decide: bool = True
+    max_launch_growth: float = float("inf")
+
+
+COSTS: dict[str, TargetCosts] = {
+    #                  axis pieces growth  eqns   join  mover
+    # CPU: a re-join costs a loop fusion per piece (seed program, 2 permutations removed and 1
+    # re-join per call: 7 -> 112 fusions, 1.2-5x slower), so it must pay for 4 movers.
+    # The trade this row makes (seed program, bench/seed.py, 65,536 wide): splitting takes CPU
+    # fusions 7 -> 16 and compile time to ~2.4x jax.jit's, and runs ~3x faster; the report
+    # records it (`scalarize.fusion_trade`: pieces whose re-joins cost a loop each).
+    "cpu": TargetCosts(16, 16, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
+                       counts_decide=False, max_launch_growth=4.0),
+    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000),
+    # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
+    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
+}
+
+
+def costs(target: str | None) -> TargetCosts:
+    return COSTS.get(target or "gpu", COSTS["gpu"])
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarizePlan:
+    """What splitting one jaxpr level would do, counted before anything is emitted."""
+    eqns_before: int
+    eqns_after: int        # estimated: each split equation once per piece, plus splits/joins
+    movers_removed: int    # gathers / concatenates / stacks that become renaming
+    joins: int             # values re-joined because a consumer needs the whole array
+    mixed_inexact: int = 0 # float values used both whole and in pieces
+    piece_elements: int = 0  # elements of the smallest piece
+
+
+def cut_points(plan: "ScalarizePlan", target: str | None) -> tuple[float, int]:
+    """(equations between cuts, most cuts) for a split region: the region in equal parts of at
+    most `cut_eqns` equations; (inf, 0) where the target never cuts."""
+    c = costs(target)
+    if not c.cut_eqns or plan.eqns_after <= c.cut_eqns:
+        return float("inf"), 0
+    parts = -(-plan.eqns_after // c.cut_eqns)
+    return plan.eqns_after / parts, parts - 1
+
+
+def scalarize_limit(plan: ScalarizePlan, target: str | None) -> str | None:
+    """The reasons to decline that no measurement overrides (autotune included): nothing to
+    gain, gradients summed in another order, compile-time limits."""
+    c = costs(target)
+    if plan.movers_removed == 0:
+        return "no permutation along a small axis would become renaming"
+    if plan.mixed_inexact:
+        return (f"{plan.mixed_inexact} float value(s) would be used both whole and in pieces: "
+                f"their gradients would be summed in another order")
+    if plan.eqns_after > c.max_eqns:
+        return (f"splitting would make {plan.eqns_after} equations at one level "
+                f"(limit {c.max_eqns}: compile time)")
+    if plan.eqns_before and plan.eqns_after / plan.eqns_before > c.max_growth:
+        return (f"splitting would grow the level {plan.eqns_after / plan.eqns_before:.1f}x "
+                f"(limit {c.max_growth}x: compile time)")
+    return None
+
+
+def pick_by_counts(before: int, after: int, model_go: bool, model_why: str | None,
+                   target: str | None) -> tuple[bool, str]:
+    """`autotune=True`: (take the split form?, why) from the launches of both compiled forms.
+
+    | target row            | split form taken when                                         |
+    | --------------------- | ------------------------------------------------------------- |
+    | counts_decide (GPU)   | fewer launches; equal launches: the model's verdict            |
+    | otherwise (CPU)       | the model's verdict, unless launches grow past max_launch_growth |
+    """
+    c = costs(target)
+    counts = f"{before} -> {after} launches on {target}"
+    if c.counts_decide:
+        if after != before:
+            return after < before, counts
+        return model_go, f"{counts}, tie: " + ("cost model goes ahead" if model_go else
+                                               f"cost model: {model_why}")
+    if model_go and after > before * c.max_launch_growth:
+        return False, f"{counts}: more than {c.max_launch_growth}x (compile time)"
+    return model_go, f"{counts}; the cost model decides on {target}" + (
+        "" if model_go else f": {model_why}")
+
+
+# What a split costs where it is taken, said in the report (`report.stats["scalarize.trades"]`).
+TRADES = {
+    "cpu": ("CPU: splitting trades compile time and loop fusions for run time: each of the {joins} "
+            "re-join(s) costs a loop per piece (seed program, bench/seed.py: fusions 7 -> 16, "
+            "compile ~2.4x jax.jit's, run ~3x faster)"),
+    "gpu": ("GPU: splitting trades compile time for kernels: one fusion grows with the split "
+            "region ({eqns} equations{cut})"),
+}
+
+
+def trade(plan: ScalarizePlan, target: str | None) -> str | None:
+    """The trade a split makes on `target`, as the report says it (None: none known)."""
+    row = "cpu" if target == "cpu" else "gpu" if target in ("gpu", "cuda", "rocm") else None
+    if row is None or (row == "cpu" and not plan.joins):
+        return None
+    every, cuts = cut_points(plan, target)
+    cut = f", cut {cuts} time(s) by an optimization barrier" if cuts else ""
+    return TRADES[row].format(joins=plan.joins, eqns=plan.eqns_after, cut=cut)
+
+
+def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | None:
+    """None to go ahead, or the reason to decline. `mode` is the `scalarize` option.
+
+    Both modes: splitting must remove a permutation, keep equations within the compile-time
+    limits, and never use a float value both whole and in pieces (its cotangent would then be
+    summed in another order: gradients off by an ulp). `True` then goes ahead when at least as
+    many permutations disappear as re-joins are added; `"auto"` weighs them by the target's
+    costs (on the CPU a re-join costs a loop fusion per piece).
+    """
+    c = costs(target)
+    hard = scalarize_limit(plan, target)
+    if hard is not None:
+        return hard
+    if mode == "auto" and plan.piece_elements < c.min_piece_elements:
+        return (f"pieces of {plan.piece_elements} elements: on {target} a loop per piece costs "
+                f"more than the permutation (minimum {c.min_piece_elements})")
+    if mode == "auto" and plan.movers_removed * c.mover_gain <= plan.joins * c.join_cost:
+        return (f"{plan.movers_removed} permutation(s) would become renaming but {plan.joins} "
+                f"re-join(s) would be needed: no gain on {target}")
+    if mode is not None and mode != "auto" and plan.movers_removed < plan.joins:
+        return (f"{plan.movers_removed} permutation(s) would become renaming but {plan.joins} "
+                f"re-join(s) would be needed")
+    return None

@@ -1,0 +1,140 @@
+"""Compile and count: what XLA made of a program (CPU fusions, GPU kernels with no GPU).
+
+Counting walks the optimized HLO module structurally (`compiled.runtime_executable()
+.hlo_modules()` → `HloModule.make_nonfusion_computations()` → `HloInstruction.opcode`), never
+the HLO text: a launch is a launching instruction (fusion, custom-call, copy, sort, ...) in a
+computation that is not itself fused (the entry computation, loop bodies, branches).
+
+GPU kernels are counted with XLA's deviceless CUDA compiler: a compile-only H200 built from
+`targets/h200.txtpb` (published H200 figures) by `jax.experimental.topologies`. This needs the
+`gpu-aot` extra (jax-cuda12-plugin and jax-cuda12-pjrt at jax's version) and `JAX_PLATFORMS=cpu`
+set before jax is imported (with no GPU present the CUDA plugin otherwise fails at start).
+Autotuning is skipped deviceless, so GEMM tile choices are defaults; elementwise, gather and
+reduction fusion decisions come from the same cost model a real H200 uses.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import importlib.util
+import os
+from typing import Callable
+
+import jax
+
+_TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
+
+# Opcodes (HloOpcode names) that become a kernel launch (GPU) or an emitted loop (CPU) when they
+# stand outside a fused computation. Control flow is counted too: a while/conditional is a
+# host-side step with its own launches in its body, which are counted there.
+LAUNCH_OPCODES = frozenset({
+    "fusion", "custom-call", "copy", "sort", "gather", "scatter", "concatenate", "pad",
+    "while", "conditional", "reduce", "reduce-window", "select-and-scatter", "dot",
+    "convolution", "fft", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+    "collective-permute", "dynamic-slice", "dynamic-update-slice", "transpose", "slice",
+    "reverse", "broadcast", "iota", "rng", "rng-bit-generator",
+})
+
+
+def _opcode_name(inst) -> str:
+    """`HloOpcode.kCustomCall` → 'custom-call' (XLA's printed opcode names)."""
+    name = getattr(inst.opcode, "name", str(inst.opcode))
+    name = name[1:] if name.startswith("k") else name
+    out = []
+    for ch in name:
+        if ch.isupper() and out:
+            out.append("-")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+def hlo_modules(compiled) -> list:
+    """The optimized HLO modules of a `jax.stages.Compiled`."""
+    return list(compiled.runtime_executable().hlo_modules())
+
+
+def launches(compiled) -> dict[str, int]:
+    """Launching instructions outside fused computations, by opcode name."""
+    counts: collections.Counter = collections.Counter()
+    for module in hlo_modules(compiled):
+        for comp in module.make_nonfusion_computations():
+            for inst in comp.instructions():
+                op = _opcode_name(inst)
+                if op in LAUNCH_OPCODES:
+                    counts[op] += 1
+    return dict(counts)
+
+
+def cpu_fusions(compiled) -> int:
+    """Fusions in a compiled CPU program (its optimized HLO module, walked structurally)."""
+    return launches(compiled).get("fusion", 0)
+
+
+def gpu_kernels(compiled) -> int:
+    """Kernel launches of a (deviceless) GPU compile: every launching instruction, unfused.
+
+    Control-flow instructions (while, conditional) are host steps, not kernels, and are left out.
+    """
+    return sum(n for op, n in launches(compiled).items() if op not in ("while", "conditional"))
+
+
+# --- deviceless GPU ------------------------------------------------------------------------------
+
+def gpu_aot_available() -> bool:
+    """Whether the CUDA plugin (the `gpu-aot` extra) is importable in this environment."""
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no `jax_plugins` namespace package at all
+        return False
+
+
+def target_config(target: str = "h200") -> str:
+    """The GpuTargetConfigProto text of a target: a name under `targets/`, or a file path."""
+    path = target if os.path.exists(target) else os.path.join(_TARGETS, f"{target}.txtpb")
+    if not os.path.exists(path):
+        known = sorted(f[:-6] for f in os.listdir(_TARGETS) if f.endswith(".txtpb"))
+        raise ValueError(f"unknown GPU target {target!r}; known: {known}, or a .txtpb path")
+    with open(path) as f:
+        return f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_sharding(target: str):
+    if not gpu_aot_available():
+        raise ImportError("counting GPU kernels deviceless needs the gpu-aot extra: "
+                          "pip install 'jaxrewrite[gpu-aot]' (jax-cuda12-plugin and "
+                          "jax-cuda12-pjrt at jax's version)")
+    platforms = jax.config.jax_platforms or ""  # read from JAX_PLATFORMS when jax is imported
+    if "cpu" not in platforms.split(",") and not any(
+            d.platform == "gpu" for d in _devices_or_empty()):
+        raise RuntimeError("the deviceless GPU compiler needs JAX_PLATFORMS=cpu set before jax is "
+                           "imported (with no GPU present the CUDA plugin fails at start)")
+    from jax.experimental import topologies
+    topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1",
+                                        target_config=target_config(target))
+    mesh = topologies.make_mesh(topo, (1,), ("x",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def _devices_or_empty():
+    try:
+        return jax.devices()
+    except RuntimeError:
+        return []
+
+
+def gpu_specs(*specs, target: str = "h200") -> list:
+    """`specs` (arrays or ShapeDtypeStructs) placed on the compile-only GPU of `target`."""
+    sharding = _gpu_sharding(target)
+    return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+
+
+def gpu_compile(fn: Callable, *specs, target: str = "h200"):
+    """Compile `fn` (a function, `jax.jit` or `optimize` object) for the GPU `target`, deviceless.
+
+    Goes through `.trace().lower().compile()` on arguments placed on a compile-only device, which
+    runs XLA's whole GPU pipeline. (`lower(lowering_platforms=("cuda",))` alone would compile
+    for the CPU afterwards.)
+    """
+    jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+    return jitted.trace(*gpu_specs(*specs, target=target)).lower().compile()

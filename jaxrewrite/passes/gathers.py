@@ -1,0 +1,515 @@
+"""Static-index gathers, scatters and dynamic slices become structural data movement.
+
+Where an index operand is a literal (constant folding made it one), the operation's source map
+(`_indexmap.gather_map`) says where every output element comes from; `_indexmap.decompose`
+writes that map as slices, reverses, transposes, reshapes and broadcasts, checked on an
+index-tagged operand before it is used. Rules (one per primitive, table `RULES`):
+
+    gather x [[3],[2],[1],[0]]  (PROMISE_IN_BOUNDS/CLIP)      ->  rev[dimensions=(0,)] x
+    gather x idx  (FILL_OR_DROP, some windows out of range)   ->  select_n(mask, full(fill), moved)
+    dynamic_slice x 1 2  (literal starts; XLA clamps them)     ->  slice x (1,2) (1+h,2+w)
+    dynamic_update_slice x u 1 2  (literal starts)             ->  select_n(window, x, moved(u))
+    scatter x idx v   (.at[idx].set, unique targets)           ->  select_n(hit, x, moved(v))
+    scatter-add x idx v                                        ->  x + select_n(hit, -0.0, moved(v))
+    scatter-mul/min/max x idx v (integer, boolean operands)    ->  select_n(hit, x, x ⊕ moved(v))
+
+Preconditions and declines (recorded with a reason, the original kept):
+* PROMISE_IN_BOUNDS with an out-of-range static index: implementation-defined;
+* a map that needs `concatenate` (a roll, a per-row rotation): only with `gathers="all"`, and
+  then at most `PIECE_BUDGET` pieces. The default never adds a concatenate or pad: XLA GPU
+  counts them against a per-fusion budget (measured worse than the gather);
+* operands or outputs above `fold_limit` elements (no index map is materialized);
+* fills for extended dtypes (PRNG keys); a scatter whose result depends on the order of
+  duplicate indices (set, floating add/mul); integer add, min and max with duplicates are kept
+  exact by applying one layer of unique targets after another.
+* mask permutations (`sum(x[..., None] * M, axis)` or `x @ M` with a constant 0/1 matrix `M`
+  with one 1 per column), integer or boolean only (0 * inf is NaN for floats), become the
+  gather they are, which the gather rule then turns into data movement.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from .. import _compat as C
+from .. import _indexmap as IM
+from .. import _walk
+from .._report import Decline
+
+NAME = "gathers"
+PIECE_BUDGET = 32
+
+
+class _LaxOps:
+    reshape = staticmethod(lambda x, shape: lax.reshape(x, tuple(shape)))
+    slice = staticmethod(lambda x, s, l, k: lax.slice(x, tuple(s), tuple(l), tuple(k)))
+    rev = staticmethod(lambda x, dims: lax.rev(x, tuple(dims)))
+    transpose = staticmethod(lambda x, perm: lax.transpose(x, tuple(perm)))
+    broadcast_in_dim = staticmethod(
+        lambda x, shape, dims: lax.broadcast_in_dim(x, tuple(shape), tuple(dims)))
+    concatenate = staticmethod(lambda xs, axis: lax.concatenate(list(xs), axis))
+
+
+LAX_OPS = _LaxOps()
+
+
+def _size(aval) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64))
+
+
+def _is_extended(dtype) -> bool:
+    try:
+        np.dtype(dtype)
+        return False
+    except TypeError:
+        return True
+
+
+def _reduced_mask(mask: np.ndarray):
+    """(small mask, broadcast dims): `mask` kept only along the axes where it varies."""
+    dims = tuple(d for d in range(mask.ndim)
+                 if mask.shape[d] > 1 and not np.all(mask == np.take(mask, [0], axis=d)))
+    small = mask[tuple(slice(None) if d in dims else 0 for d in range(mask.ndim))]
+    return np.array(small), dims  # (ascontiguousarray would make a 0-d mask 1-d)
+
+
+def _memo(ctx, kind: str, key, compute):
+    """`compute()`, memoised for this rewrite under a hashable `key` (its `Decline` too).
+
+    Index-map analysis is a pure function of shapes and index values; the same gather recurs in
+    every fixed-point round and, in unrolled code, in every iteration.
+    """
+    cache = getattr(ctx, "cache", None)
+    try:
+        hash(key)
+    except TypeError:
+        cache = None
+    if cache is None:
+        return compute()
+    memo = cache.setdefault(f"gathers.{kind}", {})
+    hit = memo.get(key)
+    if hit is None:
+        try:
+            hit = (True, compute())
+        except Decline as d:
+            hit = (False, str(d))
+        memo[key] = hit
+    if not hit[0]:
+        raise Decline(hit[1])
+    return hit[1]
+
+
+def _array_id(a: np.ndarray) -> tuple:
+    a = np.ascontiguousarray(a)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def _program(operand_shape, smap, ctx):
+    allow = ctx.options.gathers == "all"
+    return _memo(ctx, "program", (tuple(operand_shape), _array_id(smap), allow, PIECE_BUDGET),
+                 lambda: IM.decompose(operand_shape, smap, allow_concat=allow,
+                                      piece_budget=PIECE_BUDGET))
+
+
+def _moved(x, prog, fill_mask, fill_value):
+    """The program applied to `x`; FILL positions replaced by `fill_value` as JAX does."""
+    y = IM.apply_program(x, prog, LAX_OPS)
+    if fill_mask is not None:
+        small, dims = _reduced_mask(~fill_mask)
+        inb = lax.broadcast_in_dim(small, y.shape, dims)
+        y = lax.select(inb, y, lax.full_like(y, fill_value))
+    return y
+
+
+# --- static values ---------------------------------------------------------------------------------
+
+class _Statics:
+    """Values of atoms known now: literals, splats that folding kept as equations, and `pvary`s
+    of those (inside `shard_map` bodies)."""
+
+    def __init__(self):
+        self.producers: dict = {}
+
+    def see(self, eqn):
+        for v in eqn.outvars:
+            self.producers[v] = eqn
+
+    def producer(self, atom):
+        return None if C.is_literal(atom) else self.producers.get(atom)
+
+    def value(self, atom):
+        if C.is_literal(atom):
+            return np.asarray(C.literal_value(atom), dtype=C.aval_of(atom).dtype)
+        eqn = self.producers.get(atom)
+        if eqn is None:
+            return None
+        if eqn.primitive.name == "pvary":  # a type change (varying manual axes), same values
+            return self.value(eqn.invars[eqn.outvars.index(atom)])
+        if eqn.primitive.name not in ("broadcast_in_dim", "iota"):
+            return None
+        p = eqn.params
+        if eqn.primitive.name == "iota":
+            shape, dim = tuple(p["shape"]), p["dimension"]
+            r = np.arange(shape[dim], dtype=p["dtype"]).reshape(
+                [shape[dim] if d == dim else 1 for d in range(len(shape))])
+            return np.broadcast_to(r, shape)
+        if p.get("sharding") is not None or any(not C.is_literal(a) for a in eqn.invars):
+            return None
+        op = self.value(eqn.invars[0])
+        return IM.NUMPY_OPS.broadcast_in_dim(op, tuple(p["shape"]), tuple(p["broadcast_dimensions"]))
+
+
+# --- rules -------------------------------------------------------------------------------------
+
+def _gather(eqn, ctx, statics):
+    x, idx_atom = eqn.invars
+    idx = statics.value(idx_atom)
+    if idx is None:
+        return None  # dynamic indices: nothing to do (not a decline)
+    xa, out = C.aval_of(x), eqn.outvars[0].aval
+    limit = ctx.options.fold_limit
+    if _size(xa) > limit or _size(out) > limit:
+        raise Decline(f"operand or output above fold_limit={limit} elements")
+    p = eqn.params
+    smap = _memo(ctx, "gather_map", (tuple(xa.shape), _array_id(idx), p["dimension_numbers"],
+                                      tuple(p["slice_sizes"]), p["mode"]),
+                 lambda: IM.gather_map(xa.shape, idx, p["dimension_numbers"], p["slice_sizes"],
+                                       p["mode"])).copy()
+    return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
+
+
+def _emit_moved(eqn, ctx, x, xa, smap, fill_value):
+    fills = smap < 0
+    fill_mask = fills if fills.any() else None
+    if fill_mask is not None:
+        if _is_extended(xa.dtype):
+            raise Decline("fill value of an extended dtype")
+        if fill_value is None:
+            raise Decline("FILL_OR_DROP gather without a fill value")
+    prog = _program(xa.shape, smap, ctx)
+    em = _walk.Emitter(eqn)
+    y, = em.call(lambda v: _moved(v, prog, fill_mask, fill_value), x)
+    _check_aval(eqn.outvars[0], y)
+    ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
+    return em.replacement([y])
+
+
+def _check_aval(old, new_atom):
+    a, b = old.aval, C.aval_of(new_atom)
+    if (a.shape, a.dtype, getattr(a, "weak_type", False)) != \
+            (b.shape, b.dtype, getattr(b, "weak_type", False)):
+        raise Decline(f"rewritten form has aval {b}, not {a}")
+
+
+def _dynamic_slice(eqn, ctx, statics):
+    """dynamic_slice x s0 s1 ... (literal starts) -> slice. XLA clamps starts to [0, dim - size]."""
+    x, *starts = eqn.invars
+    vals = [statics.value(s) for s in starts]
+    if any(v is None for v in vals):
+        return None
+    xa = C.aval_of(x)
+    sizes = tuple(eqn.params["slice_sizes"])
+    lo = _clamped_starts(vals, xa.shape, sizes)
+    hi = tuple(a + k for a, k in zip(lo, sizes))
+    em = _walk.Emitter(eqn)
+    if tuple(lo) == (0,) * len(lo) and hi == tuple(xa.shape):
+        ctx.report.applied(NAME, eqn, after=())
+        return _walk.forward(eqn, [x])
+    y, = em.call(lambda v: lax.slice(v, tuple(lo), hi), x)
+    _check_aval(eqn.outvars[0], y)
+    ctx.report.applied(NAME, eqn, after=["slice"])
+    return em.replacement([y])
+
+
+# scatter primitive -> (combine(old, new) or None for set, exact with duplicates for which dtypes)
+def _combine_add(a, b):
+    return lax.add(a, b)
+
+
+def _combine_mul(a, b):
+    return lax.mul(a, b)
+
+
+def _additive_identity(dtype):
+    kind = np.dtype(dtype).kind
+    if kind == "f" or dtype == np.dtype("bfloat16") or kind == "V":
+        return -0.0
+    if kind == "c":
+        return complex(-0.0, -0.0)
+    return 0
+
+
+_INT = lambda dt: np.dtype(dt).kind in "iub"  # noqa: E731
+_ANY = lambda dt: True  # noqa: E731
+
+# scatter primitive -> (combine(old, new), None for set; exact with duplicate targets for which
+# dtypes; rewritten for which dtypes). Floating min/max are kept: JAX's scatter-min/max gradient
+# rule (ties, clipped indices) is not lax.min's; floating mul too: the exact form would use the
+# operand twice (gradient summed in another order) or multiply by 1 (quiets signaling NaNs).
+SCATTERS = {
+    "scatter": (None, lambda dt: False, _ANY),
+    "scatter-add": (_combine_add, _INT, _ANY),
+    "scatter_add": (_combine_add, _INT, _ANY),
+    "scatter-mul": (_combine_mul, _INT, _INT),
+    "scatter_mul": (_combine_mul, _INT, _INT),
+    "scatter-min": (lax.min, _ANY, _INT),
+    "scatter_min": (lax.min, _ANY, _INT),
+    "scatter-max": (lax.max, _ANY, _INT),
+    "scatter_max": (lax.max, _ANY, _INT),
+}
+
+
+def _scatter(eqn, ctx, statics):
+    """Static scatter -> select against the constant hit mask (one layer per duplicate depth)."""
+    x, idx_atom, upd = eqn.invars
+    idx = statics.value(idx_atom)
+    if idx is None:
+        return None
+    combine, dup_ok, dtype_ok = SCATTERS[eqn.primitive.name]
+    p = eqn.params
+    if eqn.primitive.name == "scatter" and p.get("update_jaxpr") is not None:
+        raise Decline("scatter with a custom update computation")
+    xa, ua = C.aval_of(x), C.aval_of(upd)
+    if _is_extended(xa.dtype):
+        raise Decline("scatter into an extended dtype")
+    if not dtype_ok(xa.dtype):
+        raise Decline(f"{eqn.primitive.name} of {xa.dtype}: JAX's gradient rule differs from the "
+                      "elementwise form's")
+    limit = ctx.options.fold_limit
+    if _size(xa) > limit or _size(ua) > limit:
+        raise Decline(f"operand or updates above fold_limit={limit} elements")
+    target = IM.scatter_map(xa.shape, ua.shape, idx, p["dimension_numbers"], p["mode"])
+    return _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok)
+
+
+def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok):
+    """operand-shaped layers of unique targets, each `select(hit, combine(y, moved(upd)), y)`."""
+    xa, ua = C.aval_of(x), C.aval_of(upd)
+    flat_t = target.reshape(-1)
+    hit = flat_t[flat_t >= 0]
+    layers = []  # per layer: operand-shaped map into the flat updates (-1: not hit)
+    if hit.size:
+        counts = np.bincount(hit, minlength=_size(xa))
+        depth = int(counts.max())
+        if depth > 1 and not dup_ok(xa.dtype):
+            raise Decline("duplicate static scatter indices: the result depends on their order")
+        src = np.nonzero(flat_t >= 0)[0]
+        occ = np.zeros(_size(xa), np.int64)
+        maps = [np.full(_size(xa), IM.FILL, np.int64) for _ in range(depth)]
+        for s_, t in zip(src, flat_t[src]):
+            maps[occ[t]][t] = s_
+            occ[t] += 1
+        layers = [m.reshape(xa.shape) for m in maps]
+    progs = [(_program(ua.shape, m, ctx), m >= 0) for m in layers]
+    em = _walk.Emitter(eqn)
+
+    def build(xv, uv):
+        y = xv
+        for prog, hitmask in progs:
+            moved = IM.apply_program(uv, prog, LAX_OPS)
+            small, dims = _reduced_mask(hitmask)
+            hit_b = lax.broadcast_in_dim(small, y.shape, dims)
+            if combine is _combine_add:
+                # y + select(hit, moved, -0.0): adding -0.0 is the exact identity (signed zeros
+                # and NaNs kept), and `y` is used once, so its cotangents are summed as JAX sums
+                # the scatter-add's (reusing `y` in a select reorders that sum by an ulp).
+                y = lax.add(y, lax.select(hit_b, moved, lax.full_like(moved, _additive_identity(
+                    moved.dtype))))
+            else:
+                new = moved if combine is None else combine(y, moved)
+                y = lax.select(hit_b, new, y)
+        return y
+
+    y, = em.call(build, x, upd)
+    _check_aval(eqn.outvars[0], y)
+    ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
+    return em.replacement([y])
+
+
+def _clamped_starts(vals, shape, sizes):
+    """XLA's dynamic-slice start clamping to [0, dim - size]."""
+    lo = []
+    for v, n, k in zip(vals, shape, sizes):
+        dt = np.asarray(v).dtype
+        v = int(np.asarray(v).item())
+        bound = n - k
+        if (v < 0 or v > bound) and bound > np.iinfo(dt).max:
+            raise Decline("clamp bound not representable in the start index dtype")
+        lo.append(min(max(v, 0), bound))
+    return lo
+
+
+def _dynamic_update_slice(eqn, ctx, statics):
+    """dynamic_update_slice x u s0 s1 ... (literal starts) -> select(window, moved(u), x).
+
+    Without concatenate/pad a window can be placed only where broadcasting reaches it, so most
+    of these need `gathers="all"`; XLA updates in place, so the default keeps the rest.
+    """
+    x, upd, *starts = eqn.invars
+    vals = [statics.value(s) for s in starts]
+    if any(v is None for v in vals):
+        return None
+    xa, ua = C.aval_of(x), C.aval_of(upd)
+    if _is_extended(xa.dtype):
+        raise Decline("dynamic_update_slice of an extended dtype")
+    if _size(xa) > ctx.options.fold_limit:
+        raise Decline(f"operand above fold_limit={ctx.options.fold_limit} elements")
+    lo = _clamped_starts(vals, xa.shape, ua.shape)
+    window = tuple(slice(a, a + k) for a, k in zip(lo, ua.shape))
+    target = _tagged(xa.shape)[window]
+    return _emit_scatter(eqn, ctx, x, upd, target, None, lambda dt: False)
+
+
+# --- mask permutations --------------------------------------------------------------------------
+
+def _one_hot_source(mask: np.ndarray, axis: int):
+    """For a 0/1 mask, the index along `axis` of each fiber's single 1 (-1: all zeros), or None."""
+    if mask.dtype.kind not in "iub" or not np.all((mask == 0) | (mask == 1)):
+        return None
+    ones = np.sum(mask != 0, axis=axis)
+    if np.any(ones > 1):
+        return None
+    return np.where(ones == 1, np.argmax(mask != 0, axis=axis), -1)
+
+
+def _tagged(shape):
+    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+
+
+def _emit_permutation(eqn, ctx, x, smap):
+    """`smap` from `x`, zeros where -1: structural if it can be, else the gather it is."""
+    xa = C.aval_of(x)
+    try:
+        return _emit_moved(eqn, ctx, x, xa, smap, 0)
+    except Decline:
+        pass
+    em = _walk.Emitter(eqn)
+    n = _size(xa)
+    idx = np.where(smap < 0, n, smap).astype(np.int32 if n < 2 ** 31 - 1 else np.int64)[..., None]
+    dn = lax.GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+    y, = em.call(lambda v: lax.gather(lax.reshape(v, (n,)), idx, dn, (1,),
+                                      mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=0), x)
+    _check_aval(eqn.outvars[0], y)
+    ctx.report.applied(NAME, eqn, after=["gather"])
+    return em.replacement([y])
+
+
+def _dot_general(eqn, ctx, statics):
+    """x @ M (or M @ x), M a constant 0/1 matrix with at most one 1 per output column, integer
+    dtype: out = x[..., src] (0 where the column is empty); exact, since x * 0 == 0 and x + 0 == x."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb or len(lc) != 1:
+        return None
+    lhs, rhs = eqn.invars
+    out = eqn.outvars[0].aval
+    for const_side, (m_atom, x_atom, mc, xc) in enumerate(((rhs, lhs, rc[0], lc[0]),
+                                                           (lhs, rhs, lc[0], rc[0]))):
+        m = statics.value(m_atom)
+        if m is None or m.ndim != 2 or statics.value(x_atom) is not None:
+            continue
+        xa = C.aval_of(x_atom)
+        if np.dtype(out.dtype).kind not in "iu" or out.dtype != xa.dtype:
+            raise Decline("mask permutation of a floating or converted dtype (0 * inf is NaN)")
+        src = _one_hot_source(m, mc)
+        if src is None:
+            return None
+        t = _tagged(xa.shape)
+        moved = np.take(t, np.maximum(src, 0), axis=xc)
+        smap = np.moveaxis(moved, xc, -1 if const_side == 0 else 0)
+        fills = np.moveaxis(np.broadcast_to(
+            np.expand_dims(src < 0, tuple(d for d in range(xa.ndim) if d != xc)), moved.shape),
+            xc, -1 if const_side == 0 else 0)
+        smap = np.where(fills, IM.FILL, smap)
+        if smap.shape != tuple(out.shape):
+            return None
+        return _emit_permutation(eqn, ctx, x_atom, smap)
+    return None
+
+
+def _reduce_sum(eqn, ctx, statics):
+    """sum(P * M, axes), M a constant 0/1 mask with at most one 1 per reduced fiber, integer
+    dtype: out = P at that 1 (0 where none); P itself read through its broadcast, if any."""
+    prod = statics.producer(eqn.invars[0])
+    if prod is None or prod.primitive.name != "mul":
+        return None
+    axes = tuple(eqn.params["axes"])
+    a, b = prod.invars
+    m = statics.value(b)
+    p_atom = a
+    if m is None:
+        m, p_atom = statics.value(a), b
+    if m is None or statics.value(p_atom) is not None:
+        return None
+    pa = C.aval_of(p_atom)
+    if np.dtype(pa.dtype).kind not in "iu" or eqn.outvars[0].aval.dtype != pa.dtype:
+        raise Decline("mask permutation of a floating dtype (0 * inf is NaN)")
+    shape = tuple(prod.outvars[0].aval.shape)  # mul broadcasts size-1 dims of its operands
+    if len(pa.shape) != len(shape) or np.ndim(m) != len(shape):
+        return None
+    m = np.broadcast_to(m, shape)
+    keep = [d for d in range(len(shape)) if d not in axes]
+    mt = np.transpose(m, keep + list(axes)).reshape([shape[d] for d in keep] + [-1])
+    src = _one_hot_source(mt, mt.ndim - 1)
+    if src is None:
+        return None
+    tp = np.broadcast_to(_tagged(pa.shape), shape)
+    t = np.transpose(tp, keep + list(axes)).reshape(mt.shape)
+    smap = np.take_along_axis(t, np.maximum(src, 0)[..., None], axis=-1)[..., 0]
+    smap = np.where(src < 0, IM.FILL, smap)
+    # Read through a broadcast of x: compose with the broadcast's own source map.
+    x_atom, bprod = p_atom, statics.producer(p_atom)
+    if bprod is not None and bprod.primitive.name == "broadcast_in_dim" and \
+            bprod.params.get("sharding") is None:
+        src_x = bprod.invars[0]
+        sa = C.aval_of(src_x)
+        bmap = IM.NUMPY_OPS.broadcast_in_dim(_tagged(sa.shape), tuple(pa.shape),
+                                             tuple(bprod.params["broadcast_dimensions"]))
+        smap = np.where(smap < 0, IM.FILL, bmap.reshape(-1)[np.maximum(smap, 0)])
+        x_atom = src_x
+    return _emit_permutation(eqn, ctx, x_atom, smap)
+
+
+RULES = {
+    "gather": _gather,
+    "dot_general": _dot_general,
+    "reduce_sum": _reduce_sum,
+    "dynamic_slice": _dynamic_slice,
+    "dynamic_update_slice": _dynamic_update_slice,
+    **{name: _scatter for name in SCATTERS},
+}
+
+
+def _level(cj, ctx):
+    if not any(e.primitive.name in RULES for e in cj.jaxpr.eqns):
+        return cj  # nothing this pass rewrites at this level
+    statics = _Statics()
+
+    def rule(eqn):
+        statics.see(eqn)
+        fn = RULES.get(eqn.primitive.name)
+        if fn is None:
+            return None
+        try:
+            return fn(eqn, ctx, statics)
+        except Decline as d:
+            ctx.report.declined(NAME, eqn, str(d))
+            return None
+
+    j, changed = _walk.rewrite_eqns(cj.jaxpr, rule)
+    if not changed:
+        return cj
+    return C.closed(j, cj.consts)
+
+
+def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
+    """Rewrite static gathers/scatters/dynamic slices at every level."""
+    flag = {"changed": False}
+
+    def fn(c):
+        out = _level(c, ctx)
+        if out is not c:
+            flag["changed"] = True
+        return out
+
+    out = _walk.map_jaxprs(cj, fn)
+    return out, flag["changed"]

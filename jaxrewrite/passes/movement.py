@@ -1,0 +1,316 @@
+"""Algebraic simplification of data movement: chains of slice/concatenate/stack/reshape/
+transpose/rev that cancel become renaming or one equation.
+
+A rule looks at one equation and the equation that produced its operand (`defn`), and returns
+what replaces it, or None. Rules are keyed by primitive in `RULES`. Every rule is exact by
+construction: it only re-expresses which element goes where, never computes.
+
+The point (issue "make static permutations free"): `jnp.array([a, b, c, d])[0]` is `a`;
+`x[0:2]` then `x[2:4]` concatenated is `x`; `rev(rev(x))` is `x`; a transpose and its inverse
+are nothing. Equations left dead are removed by the pipeline's DCE.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import _compat as C
+from .. import _walk
+
+PASS = "movement"
+
+_prim = C.lax_primitive
+
+
+def _shape(atom):
+    return tuple(C.aval_of(atom).shape)
+
+
+def _reshape(em, atom, shape):
+    return em.bind(_prim("reshape"), atom, new_sizes=tuple(shape), dimensions=None,
+                   sharding=None)[0]
+
+
+def _full_slice(eqn) -> bool:
+    x, = eqn.invars
+    p = eqn.params
+    return (all(s == 0 for s in p["start_indices"]) and tuple(p["limit_indices"]) == _shape(x)
+            and (p["strides"] is None or all(s == 1 for s in p["strides"])))
+
+
+def slice_rule(eqn, defn):
+    """Slices that select what is already there.
+
+        slice[full](x)                         → x
+        slice[d: k:k+1](stack[d](a0..an))      → reshape(a_k)       (adds the size-1 dim)
+        slice[d: in piece i](concatenate[d](..)) → slice(piece_i)    (or piece_i if it is all)
+    """
+    x, = eqn.invars
+    if _full_slice(eqn):
+        return _walk.forward(eqn, [x])
+    d_eqn = defn(x)
+    if d_eqn is None:
+        return None
+    p = eqn.params
+    strides = p["strides"] or (1,) * len(_shape(x))
+    start, limit = p["start_indices"], p["limit_indices"]
+    if d_eqn.primitive.name == "stack":
+        ax = d_eqn.params["axis"]
+        others_full = all(start[d] == 0 and limit[d] == _shape(x)[d] and strides[d] == 1
+                          for d in range(len(start)) if d != ax)
+        if others_full and limit[ax] - start[ax] == 1:
+            em = _walk.Emitter(eqn)
+            return em.replacement([_reshape(em, d_eqn.invars[start[ax]], _shape(eqn.outvars[0]))])
+        return None
+    if d_eqn.primitive.name == "concatenate":
+        ax = d_eqn.params["dimension"]
+        off = 0
+        for piece in d_eqn.invars:
+            n = _shape(piece)[ax]
+            if off <= start[ax] and limit[ax] <= off + n:
+                s = list(start)
+                lim = list(limit)
+                s[ax] -= off
+                lim[ax] -= off
+                if tuple(s) == (0,) * len(s) and tuple(lim) == _shape(piece) and all(
+                        st == 1 for st in strides):
+                    return _walk.forward(eqn, [piece])
+                em = _walk.Emitter(eqn)
+                out = em.bind(eqn.primitive, piece, start_indices=tuple(s),
+                              limit_indices=tuple(lim), strides=p["strides"])[0]
+                return em.replacement([out])
+            off += n
+    return None
+
+
+def concatenate_rule(eqn, defn):
+    """Adjacent slices of one array, concatenated, are one slice.
+
+        concatenate[d](slice[d: a:b](x), slice[d: b:c](x)) → slice[d: a:c](x)   (→ x if all)
+    """
+    d = eqn.params["dimension"]
+    srcs = [defn(a) for a in eqn.invars]
+    if len(srcs) < 2 or any(s is None or s.primitive.name != "slice" for s in srcs):
+        return None
+    x = srcs[0].invars[0]
+    if any(s.invars[0] is not x or s.params["strides"] not in (None, (1,) * len(_shape(x)))
+           for s in srcs):
+        return None
+    st0, lim0 = srcs[0].params["start_indices"], srcs[0].params["limit_indices"]
+    for s in srcs[1:]:
+        st, lim = s.params["start_indices"], s.params["limit_indices"]
+        if any((st[k], lim[k]) != (st0[k], lim0[k]) for k in range(len(st)) if k != d):
+            return None
+    for a, b in zip(srcs, srcs[1:]):
+        if a.params["limit_indices"][d] != b.params["start_indices"][d]:
+            return None
+    start = tuple(st0)
+    limit = tuple(lim0[k] if k != d else srcs[-1].params["limit_indices"][d]
+                  for k in range(len(lim0)))
+    if start == (0,) * len(start) and limit == _shape(x):
+        return _walk.forward(eqn, [x])
+    em = _walk.Emitter(eqn)
+    return em.replacement([em.bind(_prim("slice"), x, start_indices=start, limit_indices=limit,
+                                   strides=None)[0]])
+
+
+def reshape_rule(eqn, defn):
+    """Reshapes collapse.
+
+        reshape[s](x) with x of shape s          → x
+        reshape[s](reshape(x)) / reshape(squeeze(x)) → reshape[s](x)   (→ x if x has shape s)
+        squeeze(broadcast_in_dim[expand dims](x))    → x
+    """
+    if eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is not None:
+        return None
+    if eqn.primitive.name == "reshape" and eqn.params.get("sharding") is not None:
+        return None
+    x = eqn.invars[0]
+    out_shape = _shape(eqn.outvars[0])
+    if _shape(x) == out_shape:
+        return _walk.forward(eqn, [x])
+    d_eqn = defn(x)
+    if d_eqn is None or not (d_eqn.primitive.name in ("reshape", "squeeze")
+                             or _is_expand_dims(d_eqn)):
+        return None
+    if d_eqn.primitive.name == "reshape" and (d_eqn.params.get("dimensions") is not None
+                                              or d_eqn.params.get("sharding") is not None):
+        return None
+    src = d_eqn.invars[0]
+    if _shape(src) == out_shape:
+        return _walk.forward(eqn, [src])
+    em = _walk.Emitter(eqn)
+    return em.replacement([_reshape(em, src, out_shape)])
+
+
+def _is_expand_dims(eqn) -> bool:
+    """broadcast_in_dim that only inserts size-1 dims (jnp.array([...])'s expand_dims)."""
+    if eqn.primitive.name != "broadcast_in_dim" or eqn.params.get("sharding") is not None:
+        return False
+    x, = eqn.invars[:1]
+    bd = tuple(eqn.params["broadcast_dimensions"])
+    out = tuple(eqn.params["shape"])
+    return (list(bd) == sorted(bd) and all(out[b] == s for b, s in zip(bd, _shape(x)))
+            and all(out[d] == 1 for d in range(len(out)) if d not in bd)
+            and len(eqn.invars) == 1)
+
+
+def transpose_rule(eqn, defn):
+    """transpose[p](transpose[q](x)) → transpose[q∘p](x); the identity permutation → x."""
+    x, = eqn.invars
+    perm = tuple(eqn.params["permutation"])
+    if perm == tuple(range(len(perm))):
+        return _walk.forward(eqn, [x])
+    d_eqn = defn(x)
+    if d_eqn is None or d_eqn.primitive.name != "transpose":
+        return None
+    q = d_eqn.params["permutation"]
+    composed = tuple(q[p] for p in perm)
+    src = d_eqn.invars[0]
+    if composed == tuple(range(len(composed))):
+        return _walk.forward(eqn, [src])
+    em = _walk.Emitter(eqn)
+    return em.replacement([em.bind(eqn.primitive, src, permutation=composed)[0]])
+
+
+def rev_rule(eqn, defn):
+    """rev[a](rev[b](x)) → rev[a △ b](x) (→ x when the same dims); rev[()](x) → x."""
+    x, = eqn.invars
+    dims = set(eqn.params["dimensions"])
+    if not dims:
+        return _walk.forward(eqn, [x])
+    d_eqn = defn(x)
+    if d_eqn is None or d_eqn.primitive.name != "rev":
+        return None
+    rest = tuple(sorted(dims ^ set(d_eqn.params["dimensions"])))
+    src = d_eqn.invars[0]
+    if not rest:
+        return _walk.forward(eqn, [src])
+    em = _walk.Emitter(eqn)
+    return em.replacement([em.bind(eqn.primitive, src, dimensions=rest)[0]])
+
+
+def unstack_rule(eqn, defn):
+    """unstack[d](stack[d](a0..an)) → a0..an."""
+    x, = eqn.invars
+    d_eqn = defn(x)
+    if (d_eqn is None or d_eqn.primitive.name != "stack"
+            or d_eqn.params["axis"] != eqn.params["axis"]):
+        return None
+    return _walk.forward(eqn, list(d_eqn.invars))
+
+
+# Elementwise primitives that data movement commutes with (each output element depends on the
+# same-position elements of the operands only).
+ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "sqrt", "rsqrt",
+    "and", "or", "xor", "not", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "population_count", "clz", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
+    "convert_element_type", "floor", "ceil", "round", "is_finite", "exp", "log", "sin", "cos",
+    "tanh", "logistic", "integer_pow", "square", "pow", "atan2", "exp2", "log1p", "expm1",
+})
+
+_MOVES = ("slice", "transpose", "rev", "reshape", "squeeze")
+
+
+def push_through_elementwise(eqn, defn, uses):
+    """Data movement of an elementwise result moves to its operands where it then cancels.
+
+        slice[k](add(concatenate(a, b), c)) → add(slice[k](concatenate(a, b)), slice[k](c))
+                                             → add(a, slice[k](c))        (next sweep)
+        transpose(mul(transpose(x), y))     → mul(x, transpose(y))
+
+    Preconditions: the elementwise result has no other use (nothing is computed twice), and
+    for at least one operand the moved operation cancels by another rule. Rank-0 operands
+    broadcast and stay as they are. Elementwise ops commute with movement exactly: each output
+    element is computed from the same inputs, in the same way.
+    """
+    if eqn.primitive.name not in _MOVES or len(eqn.invars) != 1:
+        return None
+    y = eqn.invars[0]
+    e = defn(y)
+    if (e is None or e.primitive.name not in ELEMENTWISE or uses.get(y, 0) != 1
+            or C.has_effects(e)):
+        return None
+    shape = _shape(y)
+    if any(_shape(a) not in (shape, ()) for a in e.invars):
+        return None
+    move_rule = RULES[eqn.primitive.name]
+    cancels = False
+    for a in e.invars:
+        if C.is_literal(a) or _shape(a) != shape:
+            continue
+        probe = C.new_eqn([a], [C.new_var(C.aval_of(eqn.outvars[0]).update(
+            dtype=C.aval_of(a).dtype, weak_type=C.aval_of(a).weak_type))],
+            eqn.primitive, eqn.params)
+        if move_rule(probe, defn) is not None:
+            cancels = True
+            break
+    if not cancels:
+        return None
+    em = _walk.Emitter(eqn)
+    moved = [a if _shape(a) == () and shape != () else em.bind(eqn.primitive, a, **eqn.params)[0]
+             for a in e.invars]
+    return em.replacement(em.bind(e.primitive, *moved, **e.params))
+
+
+RULES: dict[str, Callable] = {
+    "slice": slice_rule,
+    "concatenate": concatenate_rule,
+    "reshape": reshape_rule,
+    "squeeze": reshape_rule,
+    "transpose": transpose_rule,
+    "rev": rev_rule,
+    "unstack": unstack_rule,
+}
+
+
+def simplify(jaxpr, report, rules=RULES):
+    """One level: apply `rules` in one forward sweep (a replacement's output is seen by the
+    equations after it, so chains cancel in one sweep), then, where no rule applied, push data
+    movement through a single-use elementwise producer (`push_through_elementwise`).
+    Returns (jaxpr, changed)."""
+    producers: dict = {}
+    uses: dict = {}
+    for e in jaxpr.eqns:
+        for a in e.invars:
+            if not C.is_literal(a):
+                uses[a] = uses.get(a, 0) + 1
+    for a in jaxpr.outvars:
+        if not C.is_literal(a):
+            uses[a] = uses.get(a, 0) + 2  # an output is needed whole
+
+    def defn(atom):
+        return None if C.is_literal(atom) else producers.get(atom)
+
+    def rule(eqn):
+        r = rules.get(eqn.primitive.name)
+        rep = r(eqn, defn) if r is not None and not C.has_effects(eqn) else None
+        if rep is None and not C.has_effects(eqn):
+            rep = push_through_elementwise(eqn, defn, uses)
+        if rep is None:
+            for v in eqn.outvars:
+                producers[v] = eqn
+            return None
+        for e in rep.eqns:
+            for v in e.outvars:
+                producers[v] = e
+        report.applied(PASS, eqn, after=rep.eqns)
+        return rep
+
+    return _walk.rewrite_eqns(jaxpr, rule)
+
+
+def run(cj, ctx):
+    if not ctx.options.movement:
+        return cj, False
+    changed = False
+
+    def level(c):
+        nonlocal changed
+        j, ch = simplify(c.jaxpr, ctx.report)
+        if not ch:
+            return c
+        changed = True
+        return C.closed(j, c.consts)
+
+    return _walk.map_jaxprs(cj, level), changed

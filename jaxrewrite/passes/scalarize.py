@@ -1,0 +1,816 @@
+"""Scalar replacement of small static axes: permutations along them become renaming.
+
+An axis of small static size (at most `max_axis` elements, at most `max_pieces` pieces per value,
+per `_cost`) whose values are only sliced, indexed, combined elementwise and permuted statically
+is split into separate arrays, one per position. A static gather, a stack or a concatenate along
+such an axis then picks pieces: no equation at all. This derives the hand-written "16 separate
+words" form of ChaCha20 from the 4x4-state-and-`jnp.take` form:
+
+    before:  b:u32[N,16] = reshape a ; c:u32[N,16] = gather[perm] b ; d:u32[N,4,4] = reshape c
+             e:u32[N,1,4] = slice[row 0] d ; f:u32[N,4] = squeeze e ; g = add f ...
+    after:   a0..a15:u32[N] (pieces)  ;  g0 = add a<perm[0]> ... (gather, reshapes, slices gone)
+
+Re-joining (a `stack`) happens only where a consumer needs the whole array (an output, a call,
+a reduction); splitting a whole array is `unstack` (slices, free for XLA).
+
+How it decides:
+0. Inline: small plain `jit` calls holding a static gather (`jnp.take`'s `_take`, a function
+   called 7 times in a loop) are inlined bottom-up, so one region holds the permutations.
+   If no level is then split, the original program is returned untouched.
+1. Link: each rule in `RULES` says which (value, axis) pairs must be split together (an add
+   links the same axis of its operands and result; a reshape links the axes it merges; a
+   transpose links permuted axes) and which are *seeds* (axes a static gather, stack,
+   concatenate or rev moves data along). Links form classes (union-find).
+2. Choose: classes holding a seed are split, greedily, while no value exceeds `max_pieces`.
+3. Cost: `_cost.scalarize_decision` weighs permutations removed vs re-joins added (per target),
+   equations after vs before (compile time), the piece size (CPU: a loop per piece), and
+   declines where a float value would be used both whole and in pieces (its cotangent would be
+   summed in another order); every decline is reported with its reason. With `autotune=True`
+   the soft verdicts (piece size, re-joins vs permutations) are checked by compiling both forms
+   (`_autotune.choose`, `_cost.pick_by_counts`); the hard limits (`_cost.scalarize_limit`) stand.
+4. Emit: every equation is rebuilt per piece by its rule; an equation without a rule, or whose
+   rule cannot use the pieces it is given, gets whole operands (re-joined on demand). On the
+   GPU a long region is cut at a permutation by an `optimization_barrier` (`_cut`): one kernel
+   more, a much faster compile.
+
+Exactness: pieces are computed by the same primitives on the same elements, so results are
+bit-for-bit those of the original. Only primitives that compute each element independently and
+exactly (integer, bitwise, comparison, selection, conversion and IEEE-exact float arithmetic)
+are split; transcendental floats are boundaries (XLA's vectorised and scalar code paths could
+round differently).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from .. import _compat as C
+from .. import _autotune, _cost
+from .. import _walk
+from .._indexmap import gather_map, gather_source_coords
+from .._pieces import Builder, literal_like, objarray, rest_positions, rest_shape, shape_of
+from .._report import Decline
+
+PASS = "scalarize"
+
+_prim = C.lax_primitive
+
+# Computed element by element, exactly, whatever the array around it: safe to split.
+ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "sqrt",
+    "and", "or", "xor", "not", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "population_count", "clz", "eq", "ne", "lt", "le", "gt", "ge", "select_n",
+    "convert_element_type", "floor", "ceil", "round", "is_finite", "nextafter", "copy", "copy_p",
+    "integer_pow", "square", "real", "imag", "conj", "complex", "reduce_precision",
+})
+
+
+# --- rules: links (analysis) and emit (rebuild) ----------------------------------------------------
+
+@dataclasses.dataclass
+class Links:
+    groups: list            # lists of nodes (var, axis) that are split together
+    seeds: list = dataclasses.field(default_factory=list)   # nodes whose split removes a mover
+    info: object = None     # passed on to emit (e.g. a gather's source map)
+
+
+class _NodeFilter:
+    def __init__(self, costs):
+        self.max_axis = costs.max_axis
+
+    def __call__(self, atom, d):
+        if C.is_literal(atom) or C.is_dropvar(atom):
+            return None
+        s = shape_of(atom)[d]
+        if not 1 < s <= self.max_axis or _sharded(C.aval_of(atom), d):
+            return None
+        return (atom, d)
+
+
+def _sharded(aval, d) -> bool:
+    """Whether dim `d` is partitioned over a mesh axis: never split (no new cross-device moves)."""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    try:
+        return spec is not None and d < len(spec) and spec[d] is not None
+    except TypeError:
+        return False
+
+
+def _clean(groups):
+    out = []
+    for g in groups:
+        g = [n for n in g if n is not None]
+        if len(g) >= 1:
+            out.append(g)
+    return out
+
+
+def _full_operands(eqn):
+    out_shape = shape_of(eqn.outvars[0])
+    return [a for a in eqn.invars if shape_of(a) == out_shape]
+
+
+def elementwise_links(eqn, node) -> Links | None:
+    """add(x, y) links axis d of x, y and the result, for every d."""
+    out = eqn.outvars[0]
+    shape = shape_of(out)
+    shapes = [shape_of(a) for a in eqn.invars]
+    if any(s != shape and s != () for s in shapes):
+        return None
+    if eqn.primitive.name == "bitcast_convert_type" and shapes[0] != shape:
+        return None
+    if not shape:  # rank 0 (e.g. the pieces of an already split level): no axis to link
+        return Links([])
+    full = [a for a, s in zip(eqn.invars, shapes) if s == shape]
+    return Links(_clean([[node(out, d)] + [node(a, d) for a in full]
+                         for d in range(len(shape))]))
+
+
+def elementwise_emit(b: Builder, eqn, info):
+    """add(x, y) → add(x_i, y_i) for each piece i (rank-0 operands shared)."""
+    out = eqn.outvars[0]
+    axes = b.chosen.get(out, ())
+    shape = shape_of(out)
+    ins = [b.get_parts(a, axes) if shape_of(a) == shape and shape != () else None
+           for a in eqn.invars]
+    P = objarray([shape[d] for d in axes])
+    for idx in np.ndindex(P.shape):
+        atoms = [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)]
+        P[idx] = b.bind1(eqn.primitive, atoms, **eqn.params)
+    return [(axes, P)]
+
+
+def slice_links(eqn, node):
+    x, = eqn.invars
+    return Links(_clean([[node(x, d), node(eqn.outvars[0], d)] for d in range(len(shape_of(x)))]))
+
+
+def slice_emit(b: Builder, eqn, info):
+    """slice[rows 1:3](x) with rows split → pieces x_1, x_2 (renaming); other dims per piece."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    axes = b.chosen.get(x, ())
+    shape = shape_of(x)
+    start = eqn.params["start_indices"]
+    limit = eqn.params["limit_indices"]
+    strides = eqn.params["strides"] or (1,) * len(shape)
+    P = b.get_parts(x, axes)
+    P = P[tuple(slice(start[d], limit[d], strides[d]) for d in axes)]
+    rest = [d for d in range(len(shape)) if d not in axes]
+    full = all(start[d] == 0 and limit[d] == shape[d] and strides[d] == 1 for d in rest)
+    Q = objarray(P.shape)
+    for idx in np.ndindex(P.shape):
+        if full:
+            Q[idx] = P[idx]
+        else:
+            Q[idx] = b.bind1(eqn.primitive, [P[idx]],
+                             start_indices=tuple(start[d] for d in rest),
+                             limit_indices=tuple(limit[d] for d in rest),
+                             strides=tuple(strides[d] for d in rest)
+                             if eqn.params["strides"] else None)
+    return [(axes, Q)]
+
+
+def squeeze_links(eqn, node):
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    dims = set(eqn.params["dimensions"])
+    kept = [d for d in range(len(shape_of(x))) if d not in dims]
+    return Links(_clean([[node(x, d), node(out, j)] for j, d in enumerate(kept)]))
+
+
+def squeeze_emit(b: Builder, eqn, info):
+    """squeeze(x) with x split → squeeze(x_i) (a reshape per piece; renaming when rank-1 → 0)."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    dims = set(eqn.params["dimensions"])
+    kept = [d for d in range(len(shape_of(x))) if d not in dims]
+    out_axes = b.chosen.get(out, ())
+    in_axes = tuple(kept[j] for j in out_axes)
+    P = b.get_parts(x, in_axes)
+    rest_out = rest_shape(shape_of(out), out_axes)
+    Q = objarray(P.shape)
+    for idx in np.ndindex(P.shape):
+        Q[idx] = b.reshape(P[idx], rest_out)
+    return [(out_axes, Q)]
+
+
+def _reshape_regions(in_shape, out_shape):
+    """(prefix, suffix) lengths of dims a row-major reshape leaves as they are."""
+    p = 0
+    while p < min(len(in_shape), len(out_shape)) and in_shape[p] == out_shape[p]:
+        p += 1
+    s = 0
+    while (s < min(len(in_shape), len(out_shape)) - p
+           and in_shape[len(in_shape) - 1 - s] == out_shape[len(out_shape) - 1 - s]):
+        s += 1
+    return p, s
+
+
+def reshape_links(eqn, node):
+    """reshape (N,4,4) → (N,16): the merged axes 4,4 and 16 are split together."""
+    if eqn.params.get("dimensions") is not None:
+        return None
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    ins, outs = shape_of(x), shape_of(out)
+    p, s = _reshape_regions(ins, outs)
+    groups = [[node(x, d), node(out, d)] for d in range(p)]
+    groups += [[node(x, len(ins) - 1 - k), node(out, len(outs) - 1 - k)] for k in range(s)]
+    mid_in = [d for d in range(p, len(ins) - s) if ins[d] > 1]
+    mid_out = [d for d in range(p, len(outs) - s) if outs[d] > 1]
+    mid = [node(x, d) for d in mid_in] + [node(out, d) for d in mid_out]
+    if mid and all(n is not None for n in mid):
+        groups.append(mid)
+    return Links(_clean(groups), info=(p, s))
+
+
+def reshape_emit(b: Builder, eqn, info):
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    ins, outs = shape_of(x), shape_of(out)
+    p, s = info
+    out_axes = b.chosen.get(out, ())
+    mid_in = [d for d in range(p, len(ins) - s) if ins[d] > 1]
+    mid_out = [d for d in range(p, len(outs) - s) if outs[d] > 1]
+    mid_split = [d for d in out_axes if p <= d < len(outs) - s]
+    if mid_split and mid_split != mid_out:
+        return None
+    shift = len(ins) - len(outs)
+    in_axes = tuple([d for d in out_axes if d < p] + (mid_in if mid_split else [])
+                    + [d + shift for d in out_axes if d >= len(outs) - s])
+    P = b.get_parts(x, in_axes)
+    Q = P.reshape([outs[d] for d in out_axes])
+    rest_out = rest_shape(outs, out_axes)
+    R = objarray(Q.shape)
+    for idx in np.ndindex(Q.shape):
+        R[idx] = b.reshape(Q[idx], rest_out)
+    return [(out_axes, R)]
+
+
+def broadcast_links(eqn, node):
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    if eqn.params.get("sharding") is not None:
+        return None
+    bd = eqn.params["broadcast_dimensions"]
+    xs, os_ = shape_of(x), shape_of(out)
+    return Links(_clean([[node(x, i), node(out, bd[i])] for i in range(len(xs))
+                         if xs[i] == os_[bd[i]]]))
+
+
+def broadcast_emit(b: Builder, eqn, info):
+    """broadcast_in_dim(x) with x split → broadcast_in_dim(x_i); new axes repeat a piece."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    if eqn.params.get("sharding") is not None:
+        return None
+    bd = eqn.params["broadcast_dimensions"]
+    xs, os_ = shape_of(x), shape_of(out)
+    out_axes = b.chosen.get(out, ())
+    in_axes = tuple(i for i in range(len(xs)) if bd[i] in out_axes and xs[i] == os_[bd[i]])
+    P = b.get_parts(x, in_axes)
+    opos = rest_positions(len(os_), out_axes)
+    keep = [i for i in range(len(xs)) if i not in in_axes and bd[i] not in out_axes]
+    squeeze_to = tuple(xs[i] for i in keep)
+    rest_out = rest_shape(os_, out_axes)
+    Q = objarray([os_[d] for d in out_axes])
+    for idx in np.ndindex(Q.shape):
+        at = dict(zip(out_axes, idx))
+        piece = P[tuple(at[bd[i]] for i in in_axes)]
+        piece = b.reshape(piece, squeeze_to)
+        dims = tuple(opos[bd[i]] for i in keep)
+        if squeeze_to == rest_out:
+            Q[idx] = piece
+        else:
+            Q[idx] = b.bind1(eqn.primitive, [piece], shape=rest_out, broadcast_dimensions=dims,
+                             sharding=None)
+    return [(out_axes, Q)]
+
+
+def concatenate_links(eqn, node):
+    out = eqn.outvars[0]
+    dim = eqn.params["dimension"]
+    groups = [[node(out, d)] + [node(a, d) for a in eqn.invars] for d in range(len(shape_of(out)))]
+    seeds = [node(out, dim)] if node(out, dim) is not None else []
+    return Links(_clean(groups), seeds=seeds)
+
+
+def concatenate_emit(b: Builder, eqn, info):
+    """concatenate[d](x, y) with d split → the pieces of x then y (renaming)."""
+    out = eqn.outvars[0]
+    dim = eqn.params["dimension"]
+    axes = b.chosen.get(out, ())
+    Ps = [b.get_parts(a, axes) for a in eqn.invars]
+    if dim in axes:
+        return [(axes, np.concatenate(Ps, axis=axes.index(dim)))]
+    pos = rest_positions(len(shape_of(out)), axes)[dim]
+    Q = objarray(Ps[0].shape)
+    for idx in np.ndindex(Q.shape):
+        Q[idx] = b.bind1(eqn.primitive, [P[idx] for P in Ps], dimension=pos)
+    return [(axes, Q)]
+
+
+def stack_links(eqn, node):
+    out = eqn.outvars[0]
+    axis = eqn.params["axis"]
+    r = len(shape_of(out))
+    groups = [[node(out, d)] + [node(a, d if d < axis else d - 1) for a in eqn.invars]
+              for d in range(r) if d != axis]
+    groups.append([node(out, axis)])
+    return Links(_clean(groups), seeds=[n for n in [node(out, axis)] if n is not None])
+
+
+def stack_emit(b: Builder, eqn, info):
+    """stack[axis](a, b, c) with axis split → pieces a, b, c (renaming)."""
+    out = eqn.outvars[0]
+    axis = eqn.params["axis"]
+    out_axes = b.chosen.get(out, ())
+    in_axes = tuple(d if d < axis else d - 1 for d in out_axes if d != axis)
+    Ps = [b.get_parts(a, in_axes) for a in eqn.invars]
+    if axis in out_axes:
+        return [(out_axes, np.stack(Ps, axis=out_axes.index(axis)))]
+    pos = rest_positions(len(shape_of(out)), out_axes)[axis]
+    Q = objarray(Ps[0].shape)
+    for idx in np.ndindex(Q.shape):
+        Q[idx] = b.bind1(eqn.primitive, [P[idx] for P in Ps], axis=pos)
+    return [(out_axes, Q)]
+
+
+def transpose_links(eqn, node):
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    perm = eqn.params["permutation"]
+    return Links(_clean([[node(out, j), node(x, perm[j])] for j in range(len(perm))]))
+
+
+def transpose_emit(b: Builder, eqn, info):
+    """transpose(x) with x split → the pieces reordered (renaming); rest dims per piece."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    perm = eqn.params["permutation"]
+    out_axes = b.chosen.get(out, ())
+    in_axes = tuple(sorted(perm[j] for j in out_axes))
+    P = b.get_parts(x, in_axes)
+    P = np.transpose(P, [in_axes.index(perm[j]) for j in out_axes]) if P.ndim else P
+    ipos = rest_positions(len(perm), in_axes)
+    rest_perm = tuple(ipos[perm[j]] for j in range(len(perm)) if j not in out_axes)
+    Q = objarray(P.shape)
+    for idx in np.ndindex(P.shape):
+        Q[idx] = (P[idx] if rest_perm == tuple(range(len(rest_perm)))
+                  else b.bind1(eqn.primitive, [P[idx]], permutation=rest_perm))
+    return [(out_axes, Q)]
+
+
+def rev_links(eqn, node):
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    seeds = [node(out, d) for d in eqn.params["dimensions"]]
+    return Links(_clean([[node(x, d), node(out, d)] for d in range(len(shape_of(x)))]),
+                 seeds=[n for n in seeds if n is not None])
+
+
+def rev_emit(b: Builder, eqn, info):
+    """rev[d](x) with d split → pieces in reverse order (renaming); other dims per piece."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    axes = b.chosen.get(out, ())
+    dims = eqn.params["dimensions"]
+    P = b.get_parts(x, axes)
+    P = P[tuple(slice(None, None, -1) if d in dims else slice(None) for d in axes)]
+    pos = rest_positions(len(shape_of(x)), axes)
+    rest = tuple(pos[d] for d in dims if d not in axes)
+    Q = objarray(P.shape)
+    for idx in np.ndindex(P.shape):
+        Q[idx] = b.bind1(eqn.primitive, [P[idx]], dimensions=rest) if rest else P[idx]
+    return [(axes, Q)]
+
+
+@dataclasses.dataclass
+class _GatherInfo:
+    coords: list          # operand coordinate of each output element, per operand dim
+    valid: np.ndarray     # False where the output takes the fill value
+    xs: tuple             # operand shape of the map (wide window dims shrunk to 1)
+    os: tuple             # output shape of the map (likewise)
+    wide: dict            # operand dim → output dim, taken whole by every window, not mapped
+
+
+def _wide_window_dims(xs, dn, slice_sizes, big) -> dict:
+    """Operand dims every window takes whole (start 0, full size: passthrough by construction)
+    and too big to split: operand dim → output dim. The map is computed without them (a vmapped
+    gather over 65,536 rows needs a map of 16 entries, not of a million)."""
+    offset_dims = tuple(int(d) for d in dn.offset_dims)
+    skip = set(int(d) for d in dn.collapsed_slice_dims)
+    skip |= set(int(d) for d in getattr(dn, "operand_batching_dims", ()))
+    start_map = set(int(d) for d in dn.start_index_map)
+    window = [d for d in range(len(xs)) if d not in skip]
+    return {d: offset_dims[k] for k, d in enumerate(window)
+            if int(slice_sizes[d]) == xs[d] and d not in start_map and xs[d] > big}
+
+
+def gather_links(eqn, node, limit=1 << 20):
+    """A gather with literal indices: passthrough dims link 1:1; moved dims are one seed group."""
+    x, idx = eqn.invars
+    if not C.is_literal(idx):
+        return None
+    out = eqn.outvars[0]
+    dn, ss = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    wide = _wide_window_dims(shape_of(x), dn, ss, node.max_axis)
+    xs = tuple(1 if d in wide else s for d, s in enumerate(shape_of(x)))
+    ss = tuple(1 if d in wide else int(s) for d, s in enumerate(ss))
+    os_ = tuple(1 if j in wide.values() else s for j, s in enumerate(shape_of(out)))
+    if int(np.prod(os_)) > limit or int(np.prod(os_)) == 0:
+        return None
+    try:
+        M = gather_map(xs, np.asarray(C.literal_value(idx)), dn, ss, eqn.params["mode"])
+    except Decline:
+        return None
+    coords = gather_source_coords(xs, M)
+    valid = M >= 0
+    pairs, used_out = [], set()
+    for o in range(len(xs)):
+        for j in range(len(os_)):
+            if j in used_out or xs[o] != os_[j]:
+                continue
+            io = np.arange(os_[j]).reshape([-1 if k == j else 1 for k in range(len(os_))])
+            if np.all((coords[o] == io) | ~valid):
+                pairs.append((o, j))
+                used_out.add(j)
+                break
+    paired_in = {o for o, _ in pairs}
+    moved = ([node(x, o) for o in range(len(xs)) if o not in paired_in and xs[o] > 1]
+             + [node(out, j) for j in range(len(os_)) if j not in used_out and os_[j] > 1])
+    groups = [[node(x, o), node(out, j)] for o, j in pairs]
+    seeds = []
+    if moved and all(n is not None for n in moved):
+        groups.append(moved)
+        seeds = [moved[-1]]
+    return Links(_clean(groups), seeds=seeds, info=_GatherInfo(coords, valid, xs, os_, wide))
+
+
+def gather_emit(b: Builder, eqn, info: _GatherInfo):
+    """gather[static map](x) with the moved axes split → the pieces it picks (renaming).
+
+    Each output piece must be one operand piece, element for element (or all fill).
+    """
+    x, _ = eqn.invars
+    out = eqn.outvars[0]
+    xs, os_ = info.xs, info.os
+    B = b.chosen.get(out, ())
+    if not B or any(j in info.wide.values() for j in B):
+        return None
+    R = [j for j in range(len(os_)) if j not in B]
+    at0 = tuple(slice(None) if j in B else slice(0, 1) for j in range(len(os_)))
+    valid, coords = info.valid, info.coords
+    if not np.all(valid == valid[at0]):
+        return None
+    A = tuple(o for o in range(len(xs)) if xs[o] > 1 and np.all(
+        (coords[o] == coords[o][at0]) | ~valid))
+    Q_in = [o for o in range(len(xs)) if o not in A and xs[o] > 1]
+    R_out = [j for j in R if os_[j] > 1]
+    if len(Q_in) != len(R_out):
+        return None
+    for o, j in zip(Q_in, R_out):
+        io = np.arange(os_[j]).reshape([-1 if k == j else 1 for k in range(len(os_))])
+        if xs[o] != os_[j] or not np.all((coords[o] == io) | ~valid):
+            return None
+    order = sorted(list(zip(Q_in, R_out)) + list(info.wide.items()))
+    if [j for _, j in order] != sorted(j for _, j in order):
+        return None  # the rest dims would come out transposed
+    P = b.get_parts(x, A)
+    rest_out = rest_shape(shape_of(out), B)
+    Qo = objarray([os_[j] for j in B])
+    zero = tuple(0 if j not in B else None for j in range(len(os_)))
+    for pidx in np.ndindex(Qo.shape):
+        at = list(zero)
+        for j, i in zip(B, pidx):
+            at[j] = i
+        at = tuple(at)
+        if not valid[at]:
+            fill = eqn.params.get("fill_value")
+            if fill is None:
+                return None
+            lit = literal_like(np.full((), fill, dtype=C.aval_of(out).dtype), C.aval_of(out))
+            Qo[pidx] = b.bind1(_prim("broadcast_in_dim"), [lit], shape=rest_out,
+                               broadcast_dimensions=(), sharding=None) if rest_out else lit
+            continue
+        src = tuple(int(coords[o][at]) for o in A)
+        Qo[pidx] = b.reshape(P[src], rest_out)
+    return [(B, Qo)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    links: Callable
+    emit: Callable
+    mover: bool = False     # the equation is data movement that splitting turns into renaming
+    moves: bool = False     # data movement: along split axes it is renaming (no equation)
+
+
+RULES: dict[str, Rule] = {
+    **{name: Rule(elementwise_links, elementwise_emit) for name in ELEMENTWISE},
+    "slice": Rule(slice_links, slice_emit, moves=True),
+    "squeeze": Rule(squeeze_links, squeeze_emit, moves=True),
+    "reshape": Rule(reshape_links, reshape_emit, moves=True),
+    "broadcast_in_dim": Rule(broadcast_links, broadcast_emit, moves=True),
+    "concatenate": Rule(concatenate_links, concatenate_emit, mover=True),
+    "stack": Rule(stack_links, stack_emit, mover=True),
+    "transpose": Rule(transpose_links, transpose_emit, moves=True),
+    "rev": Rule(rev_links, rev_emit, mover=True),
+    "gather": Rule(gather_links, gather_emit, mover=True),
+}
+
+
+# --- analysis -----------------------------------------------------------------------------------
+
+class _UnionFind:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, n):
+        p = self.parent.setdefault(n, n)
+        while p != n:
+            self.parent[n] = self.parent.setdefault(p, p)
+            n, p = p, self.parent[p]
+        return n
+
+    def union(self, nodes):
+        nodes = list(nodes)
+        r = self.find(nodes[0])
+        for n in nodes[1:]:
+            q = self.find(n)
+            if q != r:
+                self.parent[q] = r
+
+
+@dataclasses.dataclass
+class Analysis:
+    chosen: dict            # var → split axes
+    links: dict             # eqn index → Links
+    plan: _cost.ScalarizePlan | None
+
+
+def analyse(jaxpr, costs, limit) -> Analysis:
+    # Only a mover can seed a split: a level without one (most levels, and every level a
+    # previous round left with nothing to split) is done without linking its equations.
+    if not any((r := RULES.get(e.primitive.name)) is not None and r.mover for e in jaxpr.eqns):
+        return Analysis({}, {}, None)
+    node = _NodeFilter(costs)
+    uf = _UnionFind()
+    links, seeds = {}, []
+    for i, eqn in enumerate(jaxpr.eqns):
+        rule = RULES.get(eqn.primitive.name)
+        if rule is None or C.has_effects(eqn):
+            continue
+        lk = (rule.links(eqn, node, limit) if rule.links is gather_links
+              else rule.links(eqn, node))
+        if lk is None:
+            continue
+        links[i] = lk
+        for g in lk.groups:
+            uf.union(g)
+        seeds.extend(lk.seeds)
+    members: dict = {}
+    for n in list(uf.parent):
+        members.setdefault(uf.find(n), []).append(n)
+    accepted, pieces = set(), {}
+    for s in seeds:
+        r = uf.find(s)
+        if r in accepted:
+            continue
+        grow: dict = {}
+        for var, d in members[r]:
+            grow[var] = grow.get(var, 1) * shape_of(var)[d]
+        if all(pieces.get(v, 1) * g <= costs.max_pieces for v, g in grow.items()):
+            accepted.add(r)
+            for v, g in grow.items():
+                pieces[v] = pieces.get(v, 1) * g
+    chosen: dict = {}
+    for r in accepted:
+        for var, d in members[r]:
+            chosen.setdefault(var, set()).add(d)
+    chosen = {v: tuple(sorted(a)) for v, a in chosen.items()}
+    if not chosen:
+        return Analysis({}, links, None)
+    return Analysis(chosen, links, _plan(jaxpr, chosen, links))
+
+
+def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
+    """Count what splitting would do. A mover counts as removed only if pieces flow through it
+    (its result is used in pieces, or its operand is computed in pieces): a stack of whole values
+    whose result goes on whole is a re-join, not a permutation. A value used both whole and in
+    pieces is `mixed` (its cotangent would be summed in another order)."""
+    after = 0
+    split_eqns = []          # (ins, outs, kind) with kind 'mover', 'moves' or 'compute'
+    piece_use, whole_use = set(), set()
+    for i, eqn in enumerate(jaxpr.eqns):
+        outs = [v for v in eqn.outvars if not C.is_dropvar(v)]
+        ins = [a for a in eqn.invars if not C.is_literal(a)]
+        split = any(v in chosen for v in outs) or any(a in chosen for a in ins)
+        if i in links and split:
+            n = max((int(np.prod([shape_of(v)[d] for d in chosen.get(v, ())])) for v in outs),
+                    default=1)
+            rule = RULES[eqn.primitive.name]
+            moved = rule.mover and any(v in chosen for v in outs)
+            kind = "mover" if moved else "moves" if rule.moves else "compute"
+            split_eqns.append((ins, outs, kind))
+            after += 0 if kind != "compute" else n
+            piece_use.update(ins)
+        else:
+            after += 1
+            whole_use.update(ins)
+    whole_use.update(a for a in jaxpr.outvars if not C.is_literal(a))
+    # Pieces computed (forward through data movement) and pieces computed on (backward).
+    made, used = set(), set()
+    for ins, outs, kind in split_eqns:
+        if kind == "compute" or any(a in made for a in ins):
+            made.update(outs)
+    for ins, outs, kind in reversed(split_eqns):
+        if kind == "compute" or any(v in used for v in outs):
+            used.update(ins)
+    movers = sum(1 for ins, outs, kind in split_eqns if kind == "mover"
+                 and (any(v in used for v in outs) or any(a in made for a in ins)))
+    joins = sum(1 for v in chosen if v in whole_use)
+    mixed = sum(1 for v in piece_use & whole_use
+                if np.issubdtype(C.aval_of(v).dtype, np.inexact))
+    smallest = min((int(np.prod(shape_of(v))) // max(1, int(np.prod([shape_of(v)[d] for d in a])))
+                    for v, a in chosen.items()), default=0)
+    return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest)
+
+
+# --- calls ---------------------------------------------------------------------------------------
+
+def _has_static_gather(cj) -> bool:
+    return any(e.primitive.name == "gather" and C.is_literal(e.invars[1]) for e in cj.jaxpr.eqns)
+
+
+def _plain_call(eqn) -> bool:
+    """A `jit` equation that inlining cannot change: no shardings, layouts, donation, effects."""
+    p = eqn.params
+    u = C.unspecified_sharding()
+    return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
+            and all(s is u or s is None for s in p.get("in_shardings", ()) + p.get("out_shardings", ()))
+            and all(l is None for l in p.get("in_layouts", ()) + p.get("out_layouts", ()))
+            and not p.get("compiler_options_kvs"))
+
+
+def inline_gather_calls(jaxpr, max_eqns: int = 128):
+    """Inline small plain `jit` calls whose body holds a static gather (jnp.take's `_take`).
+
+        before:  c = jit[_take]{ gather[literal indices] a ... } b
+        after:   c = gather[literal indices] b
+    A nested call is only a call: inlining it inside the same `jax.jit` changes no value.
+    """
+    eqns, env, changed = [], {}, False
+    for eqn in jaxpr.eqns:
+        eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
+        inner = eqn.params.get("jaxpr") if C.is_jit(eqn) else None
+        if (inner is None or not _plain_call(eqn) or len(inner.jaxpr.eqns) > max_eqns
+                or not _has_static_gather(inner)
+                or not all(C.is_foldable_const(c) for c in inner.consts)):
+            eqns.append(eqn)
+            continue
+        ienv = dict(zip(inner.jaxpr.invars, eqn.invars))
+        ienv.update({v: C.literal(np.asarray(c), v.aval)
+                     for v, c in zip(inner.jaxpr.constvars, inner.consts)})
+        for e in inner.jaxpr.eqns:
+            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
+            eqns.append(e.replace(invars=[_walk.substitute(a, ienv) for a in e.invars],
+                                  outvars=outs))
+            ienv.update(zip(e.outvars, outs))
+        for v, a in zip(eqn.outvars, inner.jaxpr.outvars):
+            env[v] = _walk.substitute(a, ienv)
+        changed = True
+    if not changed:
+        return jaxpr
+    outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
+    return C.replace_jaxpr(jaxpr, eqns=eqns, outvars=outvars)
+
+
+# --- driver -------------------------------------------------------------------------------------
+
+def _cut(b: Builder, res):
+    """Route a permutation's pieces through one `optimization_barrier`: XLA ends a fusion there.
+
+        before: p0..p15 = (renaming of a gather's pieces)
+        after:  q0..q15 = optimization_barrier p0..p15
+
+    The original program's gathers are where XLA cut its fusions; keeping a cut at one of them
+    every `_cost.TargetCosts.cut_eqns` equations bounds the size of one fusion, whose compile
+    time grows faster than linearly (H200, ChaCha20's 16 words: 2 kernels and ~12 s uncut,
+    3 kernels and ~9 s with one cut).
+    """
+    flat = [P[idx] for _, P in res for idx in np.ndindex(P.shape)]
+    outs = b.bind(_prim("optimization_barrier"), flat)
+    it = iter(outs)
+    new = []
+    for axes, P in res:
+        Q = objarray(P.shape)
+        for idx in np.ndindex(P.shape):
+            Q[idx] = next(it)
+        new.append((axes, Q))
+    return new
+
+
+def _split(jaxpr, an, target, costs):
+    """Emit the split form of one level: (new jaxpr, re-joins, cuts)."""
+    b = Builder(an.chosen, costs.join_form)
+    cut_every, cuts_left = _cost.cut_points(an.plan, target)
+    next_cut, cuts = cut_every, 0
+    chosen, native, whole, links = an.chosen, b.native, b.whole, an.links
+    is_drop, is_lit = C.is_dropvar, C.is_literal
+    for i, eqn in enumerate(jaxpr.eqns):
+        b.src = eqn
+        outs = [v for v in eqn.outvars if not is_drop(v)]
+        res = None
+        if i in links and (any(v in chosen for v in outs)
+                           or any(not is_lit(a) and a in native and a not in whole
+                                  for a in eqn.invars)):
+            res = RULES[eqn.primitive.name].emit(b, eqn, links[i].info)
+        if res is not None:
+            if RULES[eqn.primitive.name].mover and cuts_left and len(b.eqns) >= next_cut:
+                res = _cut(b, res)
+                cuts_left -= 1
+                cuts += 1
+                next_cut = len(b.eqns) + cut_every
+            for v, (axes, P) in zip(eqn.outvars, res):
+                if not is_drop(v):
+                    b.set_parts(v, axes, P)
+            continue
+        new_in = [b.get_whole(a) for a in eqn.invars]
+        new = eqn.replace(invars=new_in) if any(x is not y for x, y in
+                                                zip(new_in, eqn.invars)) else eqn
+        b.eqns.append(new)
+        for v in outs:
+            whole[v] = v
+    outvars = [b.get_whole(a) for a in jaxpr.outvars]
+    return C.replace_jaxpr(jaxpr, eqns=b.eqns, outvars=outvars), b.joins, cuts
+
+
+def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
+    """One level: (new jaxpr, changed). With `autotune`, the cost model's soft verdicts (piece
+    size, re-joins vs permutations) are checked by compiling both forms (`_autotune.choose`);
+    its hard limits (`_cost.scalarize_limit`) always stand."""
+    target = ctx.target
+    costs = _cost.costs(target)
+    an = analyse(jaxpr, costs, ctx.options.fold_limit)
+    if an.plan is None:
+        return jaxpr, False
+    first = jaxpr.eqns[0] if jaxpr.eqns else None
+    built: list = []                      # the split form, once made
+    hard = _cost.scalarize_limit(an.plan, target)   # no measurement overrides these
+    reason = hard or _cost.scalarize_decision(an.plan, target, mode)
+    if hard is None and ctx.options.autotune:
+        def build():
+            built.append(_split(jaxpr, an, target, costs))
+            return C.closed(built[0][0], list(consts))
+
+        go, why, _ = _autotune.choose(ctx, PASS, C.closed(jaxpr, list(consts)), build,
+                                      reason is None, reason or "cost model goes ahead",
+                                      key_extra=(str(mode),))
+        ctx.report.stats.setdefault("autotune.choices", []).append(why)
+        reason = None if go else why
+    if reason is not None:
+        ctx.report.declined(PASS, first, reason)
+        return jaxpr, False
+    new, joins, cuts = built[0] if built else _split(jaxpr, an, target, costs)
+    ctx.report.applied(PASS, list(jaxpr.eqns[:1]), after=("renaming",), n=an.plan.movers_removed)
+    ctx.report.count(f"{PASS}.joins", joins)
+    if cuts:
+        ctx.report.count(f"{PASS}.cuts", cuts)
+    note = _cost.trade(an.plan, target)
+    if note is not None:
+        ctx.report.count(f"{PASS}.fusion_trade")
+        trades = ctx.report.stats.setdefault(f"{PASS}.trades", [])
+        if note not in trades:
+            trades.append(note)
+    return new, True
+
+
+def run(cj, ctx):
+    """Inline small calls that hold static gathers (bottom-up, so a call of a call of `_take`
+    is inlined too: the permutations of a function called 7 times then live in one region),
+    then split each level. If no level splits, the program is returned as it was."""
+    mode = ctx.options.scalarize
+    if mode is False or mode is None:
+        return cj, False
+    if _prim("stack") is None or _prim("unstack") is None:  # older JAX: nothing to split with
+        return cj, False
+    changed = False
+
+    def inline(c):
+        j = inline_gather_calls(c.jaxpr)
+        return c if j is c.jaxpr else C.closed(j, c.consts)
+
+    def level(c):
+        nonlocal changed
+        j, ch = scalarize_jaxpr(c.jaxpr, ctx, mode, c.consts)
+        if not ch:
+            return c
+        changed = True
+        return C.closed(j, c.consts)
+
+    out = _walk.map_jaxprs(_walk.map_jaxprs(cj, inline), level)
+    return (out, True) if changed else (cj, False)

@@ -1,0 +1,154 @@
+"""`autotune=` (jaxrewrite/_autotune.py): choices made by compiling the candidate forms, cached on
+disk by a stable structural digest, reused by a fresh process without compiling."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrewrite
+from jaxrewrite import _autotune
+from jaxrewrite._api import rewrite_jaxpr_with_report
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "bench")
+sys.path.insert(0, BENCH)
+import permutations as P  # noqa: E402
+
+PERM = np.array([3, 0, 2, 1])
+
+
+def lone(x):
+    return x[:, PERM] + 1
+
+
+X = jnp.arange(32, dtype=jnp.int32).reshape(8, 4)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXREWRITE_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _entries(cache_dir):
+    with open(cache_dir / "autotune.json") as f:
+        return json.load(f)
+
+
+def test_option_validated():
+    with pytest.raises(ValueError):
+        jaxrewrite.optimize(lone, autotune="yes")
+    assert jaxrewrite.optimize(lone, autotune="time") is not None
+
+
+def test_choice_made_and_cached(cache_dir):
+    before = _autotune.COMPILES
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(lone)(X), autotune=True, target="cpu")
+    assert _autotune.COMPILES == before + 2                 # both forms, once
+    assert res.report.counts["autotune.compiles"] == 2
+    choices = res.report.stats["autotune.choices"]
+    assert "launches on cpu" in choices[0]
+    entries = _entries(cache_dir)
+    assert len(entries) == 1
+    (rec,) = entries.values()
+    assert rec["split"] is False and len(rec["launches"]) == 2
+    # same program, same shapes: the cache answers, nothing compiles
+    again = rewrite_jaxpr_with_report(jax.make_jaxpr(lone)(X), autotune=True, target="cpu")
+    assert _autotune.COMPILES == before + 2
+    assert again.report.counts["autotune.cached"] >= 1
+    assert primitive_counts(again.jaxpr) == primitive_counts(res.jaxpr)
+    # other shapes: another entry
+    rewrite_jaxpr_with_report(jax.make_jaxpr(lone)(jnp.zeros((16, 4), jnp.int32)),
+                              autotune=True, target="cpu")
+    assert len(_entries(cache_dir)) == 2
+
+
+def test_digest_stable_and_shape_sensitive():
+    a = _autotune.digest(jax.make_jaxpr(lone)(X))
+    assert a == _autotune.digest(jax.make_jaxpr(lone)(X + 1))
+    assert a != _autotune.digest(jax.make_jaxpr(lone)(jnp.zeros((16, 4), jnp.int32)))
+    assert a != _autotune.digest(jax.make_jaxpr(lambda x: x[:, PERM[::-1]] + 1)(X))
+
+
+def test_bit_exact_and_reused_in_fresh_process(cache_dir):
+    f = jax.vmap(lambda x: P.chacha_take(x, rounds=1))
+    keys = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (8, 4, 4), dtype=np.uint32))
+    assert_equivalent(f, keys, autotune=True, target="gpu")   # no GPU compiler here: model
+    assert_equivalent(lone, X, autotune=True)
+    n = len(_entries(cache_dir))
+    assert n >= 1
+    script = textwrap.dedent(f"""
+        import sys, jax, jax.numpy as jnp, numpy as np
+        sys.path.insert(0, {BENCH!r})
+        import jaxrewrite
+        from jaxrewrite import _autotune
+        PERM = np.array([3, 0, 2, 1])
+        f = lambda x: x[:, PERM] + 1
+        x = jnp.arange(32, dtype=jnp.int32).reshape(8, 4)
+        out = jaxrewrite.optimize(f, autotune=True)(x)
+        assert np.array_equal(np.asarray(out), np.asarray(jax.jit(f)(x)))
+        print("COMPILES", _autotune.COMPILES)
+    """)
+    env = dict(os.environ, JAXREWRITE_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "COMPILES 0" in out.stdout
+    assert len(_entries(cache_dir)) == n
+
+
+def test_split_taken_on_cpu_matches_jit(cache_dir):
+    # pieces of 4096: the model goes ahead on the CPU; compiling confirms (fusions within 4x)
+    f = jax.vmap(lambda x: P.chacha_take(x, rounds=2))
+    big = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (4096, 4, 4), dtype=np.uint32))
+    cj = assert_equivalent(f, big, vmap=False, autotune=True, target="cpu")
+    assert "gather" not in primitive_counts(cj)
+    assert any(r["split"] for r in _entries(cache_dir).values())
+
+
+def test_no_compiler_for_target_uses_model_and_caches_nothing(cache_dir):
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(lone)(X), autotune=True, target="tpu")
+    assert res.report.counts["autotune.model_only"] >= 1
+    assert not (cache_dir / "autotune.json").exists()
+
+
+def test_unreadable_cache_is_ignored(cache_dir):
+    (cache_dir / "autotune.json").write_text("{not json")
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(lone)(X), autotune=True, target="cpu")
+    assert res.report.counts["autotune.compiles"] == 2
+    assert len(_entries(cache_dir)) == 1
+
+
+def test_time_mode_opt_in(cache_dir):
+    assert_equivalent(lone, X, autotune="time")
+    (rec,) = _entries(cache_dir).values()
+    assert rec["why"].startswith("timed")
+
+
+def test_pick_by_counts_rows():
+    from jaxrewrite import _cost
+    # GPU: fewer kernels wins either way; a tie goes to the model
+    assert _cost.pick_by_counts(5, 3, False, "no gain", "gpu")[0] is True
+    assert _cost.pick_by_counts(3, 5, True, None, "gpu")[0] is False
+    assert _cost.pick_by_counts(3, 3, True, None, "gpu")[0] is True
+    # CPU: the model decides; counts only veto a split whose fusions grow past the limit
+    assert _cost.pick_by_counts(20, 16, False, "no gain", "cpu")[0] is False
+    assert _cost.pick_by_counts(7, 16, True, None, "cpu")[0] is True
+    go, why = _cost.pick_by_counts(16, 149, True, None, "cpu")
+    assert go is False and "compile time" in why
+
+
+def test_cpu_split_records_its_trade():
+    f = jax.vmap(lambda x: P.chacha_take(x, rounds=2))
+    big = jax.ShapeDtypeStruct((4096, 4, 4), jnp.uint32)
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(big), target="cpu")
+    assert "gather" not in primitive_counts(res.jaxpr)
+    (note,) = res.report.stats["scalarize.trades"]
+    assert note.startswith("CPU: splitting trades compile time")
+    assert res.report.counts["scalarize.fusion_trade"] >= 1

@@ -1,0 +1,99 @@
+"""The benchmark runner: `bench/run.py --quick --only seed` works end to end (as CI runs it), and
+the chart/table machinery handles the row shapes the other benchmarks write."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+
+
+def test_run_quick_seed(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAXREWRITE_LOG", None)
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--only", "seed",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[seed 1/" in proc.stderr and "=== seed: " in proc.stderr   # progress was shown
+    payload = json.loads((tmp_path / "seed.json").read_text())
+    assert payload["meta"]["quick"] is True and payload["backend"] == "cpu"
+    rows = {r["program"]: r for r in payload["rows"]}
+    for name in ("loop/inline", "loop/jit", "loop/closure", "rounds/shift/gather",
+                 "rounds/mix/take", "rounds/mix/none", "call overhead"):
+        assert name in rows, name
+    # what jax.jit does to the seed programs, as the issue states it
+    assert rows["loop/closure"]["jaxprs_jit"] == 10
+    assert rows["loop/jit"]["jaxprs_jit"] == 1 and rows["loop/inline"]["jaxprs_jit"] == 0
+    for name, r in rows.items():
+        if name == "call overhead":
+            assert r["run_us_jit"] > 0 and r["run_us_opt"] > 0 and r["run_ratio"] > 0
+            continue
+        # figures, not claims about the passes (their own tests make those)
+        for k in ("eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs_jit", "funcs_opt"):
+            assert isinstance(r[k], int) and r[k] >= 0, (name, k)
+        assert r["funcs_jit"] == r["jaxprs_jit"] + 1, name   # jax.jit lowers each jaxpr once
+        assert r["compile_ms_jit"] > 0 and r["compile_ms_opt"] > 0, name
+        assert r["fusions_jit"] >= 1 and r["fusions_opt"] >= 1, name
+    readme = (tmp_path / "README.md").read_text()
+    assert "## seed" in readme and "| loop/closure |" in readme and "--quick --only seed" in readme
+    pngs = sorted(p.name for p in tmp_path.glob("seed_*.png"))
+    assert pngs and all((tmp_path / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_missing_benchmark_fails_loudly(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--only",
+                           "no_such_bench", "--out", str(tmp_path), "--no-charts"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "no_such_bench FAILED" in proc.stderr and "does not exist" in proc.stderr
+    assert "no_such_bench: failed" in (tmp_path / "README.md").read_text()
+
+
+@pytest.fixture
+def runner():
+    sys.path.insert(0, BENCH)
+    try:
+        import run
+        yield run
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_charts_from_row_shapes(tmp_path, runner):
+    pytest.importorskip("matplotlib")
+    by_n = [dict(variant=v, N=n, compile_ms=n * (1 if v == "opt" else 3.0), compile_ratio=0.3)
+            for v in ("jit", "opt") for n in (1, 10, 100)]
+    by_batch = [dict(form=f, batch=b, run_us_jit=b * 1.0, run_us_opt=b * 0.5)
+                for f in ("take", "gather") for b in (16, 256)]
+    forms = [dict(form=f, kernels_jit=12, kernels_opt=3, compile_ms_jit=5.0, compile_ms_opt=4.0)
+             for f in ("take", "gather", "none")]
+    assert [s["suffix"] for s in runner.chart_specs("a", by_n)] == ["compile_vs_n"]
+    assert [s["suffix"] for s in runner.chart_specs("b", by_batch)] == ["run_vs_batch"]
+    assert [s["suffix"] for s in runner.chart_specs("c", forms)] == \
+        ["kernels_per_form", "compile_per_form"]
+    spec = runner.chart_specs("c", forms)[0]
+    assert spec["ys"] == ["kernels_jit", "kernels_opt"]
+    paths = runner.draw("a", by_n, str(tmp_path)) + runner.draw("c", forms, str(tmp_path))
+    assert len(paths) == 3 and all(os.path.getsize(p) > 1000 for p in paths)
+
+
+def test_update_readme_block(tmp_path, runner):
+    (tmp_path / "README.md").write_text(
+        "intro\n<!-- bench:seed -->\nold table\n<!-- /bench:seed -->\nend\n")
+    payload = dict(jax="0.10.2", backend="cpu", date="today", meta=dict(quick=False, seconds=3.0),
+                   rows=[dict(program="loop/closure", eqns_jit=100, eqns_opt=19, extra=1.0)])
+    chart = tmp_path / "bench" / "results" / "seed_kernels_per_form.png"
+    cols = ("program", "eqns_jit", "eqns_opt")
+    assert runner.update_readme(payload, [str(chart)], str(tmp_path), cols)
+    text = (tmp_path / "README.md").read_text()
+    assert "old table" not in text and text.startswith("intro\n<!-- bench:seed -->\n")
+    assert text.endswith("<!-- /bench:seed -->\nend\n")
+    assert "| loop/closure | 100 | 19 |" in text and "extra" not in text
+    assert "](bench/results/seed_kernels_per_form.png)" in text
+    (tmp_path / "README.md").write_text("no markers\n")
+    assert not runner.update_readme(payload, [], str(tmp_path))
+    assert (tmp_path / "README.md").read_text() == "no markers\n"

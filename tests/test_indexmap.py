@@ -1,0 +1,168 @@
+"""`_indexmap`: gather/scatter source maps against lax itself, decomposition, self-validation."""
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+from jaxrewrite import _indexmap as IM
+from jaxrewrite._report import Decline
+
+GDN = lax.GatherDimensionNumbers
+SDN = lax.ScatterDimensionNumbers
+MODES = ["clip", "fill", "promise_in_bounds"]
+SENTINEL = -7
+
+
+@st.composite
+def gathers(draw, max_rank=3):
+    """A random valid gather: (operand shape, indices, dimension numbers, slice sizes)."""
+    rank = draw(st.integers(1, max_rank))
+    shape = tuple(draw(st.lists(st.integers(0, 4), min_size=rank, max_size=rank)))
+    dims = list(range(rank))
+    n_obatch = draw(st.integers(0, min(1, rank)))
+    obatch = tuple(sorted(draw(st.permutations(dims))[:n_obatch]))
+    rest = [d for d in dims if d not in obatch]
+    start_map = tuple(draw(st.permutations(rest))[:draw(st.integers(0, len(rest)))])
+    collapsible = [d for d in rest if shape[d] >= 1]
+    collapsed = tuple(sorted(d for d in collapsible if draw(st.booleans())))
+    sizes = []
+    for d in dims:
+        if d in collapsed:
+            sizes.append(1)
+        elif d in obatch:
+            sizes.append(min(1, shape[d]))
+        else:
+            sizes.append(draw(st.integers(0, shape[d])))
+    batch_rank = draw(st.integers(n_obatch, n_obatch + 2))
+    ibatch = tuple(draw(st.permutations(range(batch_rank)))[:n_obatch])
+    bshape = [draw(st.integers(0, 3)) for _ in range(batch_rank)]
+    for od, idim in zip(obatch, ibatch):
+        bshape[idim] = shape[od]
+    n_offset = rank - len(collapsed) - len(obatch)
+    out_rank = n_offset + batch_rank
+    offset = tuple(sorted(draw(st.permutations(range(out_rank)))[:n_offset]))
+    dtype = draw(st.sampled_from([np.int8, np.uint8, np.int16, np.int32, np.uint32]))
+    lo = 0 if np.dtype(dtype).kind == "u" else -6
+    n = int(np.prod(bshape)) * len(start_map)
+    vals = draw(st.lists(st.integers(lo, 8), min_size=n, max_size=n))
+    idx = np.array(vals, dtype=dtype).reshape(tuple(bshape) + (len(start_map),))
+    dn = GDN(offset_dims=offset, collapsed_slice_dims=collapsed, start_index_map=start_map,
+             operand_batching_dims=obatch, start_indices_batching_dims=ibatch)
+    return shape, idx, dn, tuple(sizes)
+
+
+def _lax_gather_tagged(shape, idx, dn, sizes, mode):
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    f = jax.jit(lambda x, i: lax.gather(x, i, dn, sizes, mode=mode, fill_value=SENTINEL))
+    return np.asarray(f(x, idx)), x
+
+
+def _from_map(x, smap):
+    flat = x.reshape(-1)
+    if smap.size == 0:
+        return np.zeros(smap.shape, np.int32)
+    return np.where(smap < 0, SENTINEL, flat[np.maximum(smap, 0)] if flat.size else 0)
+
+
+@settings(max_examples=max(60, settings.default.max_examples))
+@given(gathers(), st.sampled_from(MODES))
+def test_gather_map_matches_lax_gather(g, mode):
+    shape, idx, dn, sizes = g
+    try:
+        smap = IM.gather_map(shape, idx, dn, sizes, mode)
+    except Decline:
+        # Only where the result is implementation-defined.
+        assert mode == "promise_in_bounds" or not np.all(idx >= 0)
+        return
+    ref, x = _lax_gather_tagged(shape, idx, dn, sizes, mode)
+    assert smap.dtype == np.int64 and smap.shape == ref.shape
+    np.testing.assert_array_equal(_from_map(x, smap), ref)
+
+
+@settings(max_examples=max(40, settings.default.max_examples))
+@given(gathers(), st.sampled_from(["clip", "fill"]))
+def test_decompose_is_exact_or_declines(g, mode):
+    shape, idx, dn, sizes = g
+    smap = IM.gather_map(shape, idx, dn, sizes, mode)
+    for allow in (False, True):
+        try:
+            prog = IM.decompose(shape, smap, allow_concat=allow)
+        except Decline:
+            continue
+        x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+        got = IM.apply_program(x, prog)
+        keep = smap >= 0
+        np.testing.assert_array_equal(got[keep], x.reshape(-1)[smap[keep]])
+        if not allow:
+            assert "concatenate" not in IM.program_primitives(prog)
+
+
+def test_mode_none_is_promise_in_bounds():
+    dn = GDN(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+    with pytest.raises(Decline):
+        IM.gather_map((3,), np.array([[5]]), dn, (1,), None)
+    assert IM.gather_map((3,), np.array([[2]]), dn, (1,), None).tolist() == [2]
+
+
+def test_fill_wraps_wide_indices_like_jax():
+    # JAX converts FILL_OR_DROP indices to int32 before the bounds check.
+    dn = GDN(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+    idx = np.array([[2 ** 32 + 1], [2 ** 31], [1]], np.int64)
+    assert IM.gather_map((4,), idx, dn, (1,), "fill").tolist() == [1, -1, 1]
+
+
+def test_scatter_map_matches_lax_scatter():
+    dn = SDN(update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
+    idx = np.array([[3], [0], [9], [-1]], np.int32)
+    for mode in ("clip", "fill"):
+        t = IM.scatter_map((5, 2), (4, 2), idx, dn, mode)
+        x = np.zeros(10, np.int32)
+        upd = np.arange(1, 9, dtype=np.int32).reshape(4, 2)
+        ref = jax.jit(lambda x, u: lax.scatter(x, idx, u, dn, mode=mode))(x.reshape(5, 2), upd)
+        mine = x.copy()
+        ok = t >= 0
+        mine[t[ok]] = upd[ok]
+        if mode == "clip":  # clipped duplicates: XLA's order; compare the unique targets only
+            uniq = np.bincount(t[ok], minlength=10) == 1
+            np.testing.assert_array_equal(mine[uniq], np.asarray(ref).reshape(-1)[uniq])
+        else:
+            np.testing.assert_array_equal(mine, np.asarray(ref).reshape(-1))
+
+
+@pytest.mark.parametrize("name,shape,smap,prims", [
+    ("identity", (4, 4), np.arange(16).reshape(4, 4), set()),
+    ("transpose", (4, 4), np.arange(16).reshape(4, 4).T, {"transpose"}),
+    ("rev-slice", (4, 4), np.arange(16).reshape(4, 4)[::-1, 1:3], {"slice", "rev"}),
+    ("diagonal", (4, 4), np.diag(np.arange(16).reshape(4, 4)), {"reshape", "slice"}),
+    ("bit-reversal", (8,), np.array([0, 4, 2, 6, 1, 5, 3, 7]), {"reshape", "transpose"}),
+    ("broadcast", (3, 4), np.broadcast_to(np.arange(12).reshape(3, 4)[1], (5, 4)),
+     {"slice", "reshape", "broadcast_in_dim"}),
+    ("strided", (10,), np.arange(1, 10, 3), {"slice"}),
+])
+def test_structural_forms(name, shape, smap, prims):
+    prog = IM.decompose(shape, smap)
+    assert IM.program_primitives(prog) <= prims | {"reshape"}
+    assert IM.validate(shape, smap, prog)
+
+
+def test_roll_needs_concatenate():
+    smap = np.roll(np.arange(8), 3)
+    with pytest.raises(Decline):
+        IM.decompose((8,), smap)
+    prog = IM.decompose((8,), smap, allow_concat=True)
+    assert "concatenate" in IM.program_primitives(prog) and IM.program_pieces(prog) == 2
+
+
+def test_piece_budget_declines():
+    rng = np.random.default_rng(0)
+    smap = rng.permutation(64)
+    with pytest.raises(Decline):
+        IM.decompose((64,), smap, allow_concat=True, piece_budget=4)
+
+
+def test_validate_rejects_wrong_program():
+    smap = np.arange(16).reshape(4, 4).T
+    assert not IM.validate((4, 4), smap, (("rev", (0,)),))
+    assert IM.validate((4, 4), smap, (("transpose", (1, 0)),))

@@ -1,0 +1,82 @@
+"""Data-movement algebra (passes/movement.py): exact, and the chains really cancel."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxrewrite
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+X = jnp.arange(24.0).reshape(4, 6)
+
+# (function, primitives that must be gone after optimize)
+CASES = {
+    "index_of_array_literal": (lambda x: jnp.array([x[0] * 2, x[1], x[2], x[3]])[2],
+                               ("concatenate", "broadcast_in_dim", "mul")),
+    "index_of_stack": (lambda x: jnp.stack([x[0], x[1]])[0] + 1, ("stack",)),
+    "adjacent_slices": (lambda x: jnp.concatenate([x[:, :2], x[:, 2:5], x[:, 5:]], 1) * 2,
+                        ("slice", "concatenate")),
+    "adjacent_slices_part": (lambda x: jnp.concatenate([x[1:, :2], x[1:, 2:4]], 1),
+                             ("concatenate",)),
+    "slice_of_concatenate": (lambda x: jnp.concatenate([x, x * 2], 0)[5:7], ("concatenate",)),
+    "rev_rev": (lambda x: lax.rev(lax.rev(x, (0, 1)), (0, 1)) + 1, ("rev",)),
+    "transpose_inverse": (lambda x: x.T.T + 1, ("transpose",)),
+    "reshape_chain": (lambda x: x.reshape(2, 12).reshape(24).reshape(4, 6) - 1, ("reshape",)),
+    "push_slice_through_add": (lambda x: (jnp.concatenate([x, x * 2], 0) + 1.0)[5:7],
+                               ("concatenate",)),
+    "push_transpose_through_mul": (lambda x: (x.T * 2.0).T - x, ("transpose",)),
+    "push_through_select": (lambda x: lax.select(x.T > 3, x.T, (x * 2).T).T, ("transpose",)),
+    "push_through_max": (lambda x: jnp.maximum(x.T, 3.0).T, ("transpose",)),
+    "unstack_of_stack": (lambda x: lax.unstack(lax.stack([x[0], x[1]], 0), 0)[1] * 3,
+                         ("stack", "unstack")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_exact_and_cancels(name):
+    fn, gone = CASES[name]
+    cj = assert_equivalent(fn, X, scalarize=False, strict=True, debug_checks=True)
+    counts = primitive_counts(cj)
+    for p in gone:
+        assert p not in counts, (name, counts)
+
+
+def test_partial_rev_keeps_the_difference():
+    fn = lambda x: lax.rev(lax.rev(x, (0, 1)), (1,))  # noqa: E731
+    cj = assert_equivalent(fn, X, strict=True)
+    assert primitive_counts(cj).get("rev") == 1
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_idempotent(name):
+    fn, _ = CASES[name]
+    once = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(fn)(X), scalarize=False)
+    twice = jaxrewrite.rewrite_jaxpr(once, scalarize=False)
+    assert primitive_counts(once) == primitive_counts(twice)
+
+
+def test_off_leaves_it():
+    fn = CASES["transpose_inverse"][0]
+    cj = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(fn)(X), movement=False, scalarize=False)
+    assert primitive_counts(cj).get("transpose") == 2
+
+
+def test_inside_scan_and_vmap():
+    def f(x):
+        def body(c, _):
+            c = jnp.concatenate([c[:2], c[2:]], 0).T.T * 2
+            return c, c[0]
+        return lax.scan(body, x, None, length=3)
+    cj = assert_equivalent(f, X, strict=True)
+    assert "concatenate" not in primitive_counts(cj)
+    np.testing.assert_array_equal(jax.vmap(jaxrewrite.optimize(f))(jnp.stack([X, X]))[0],
+                                  jax.vmap(jax.jit(f))(jnp.stack([X, X]))[0])
+
+
+def test_no_push_when_the_elementwise_result_is_used_twice():
+    def fn(x):
+        y = x.T * 2.0
+        return y.T, y
+    cj = assert_equivalent(fn, X, strict=True)
+    assert primitive_counts(cj).get("mul") == 1  # never computed twice

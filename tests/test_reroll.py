@@ -1,0 +1,212 @@
+"""Re-rolling chains of identical calls into `lax.scan` (reroll=True).
+
+Tolerance: rolled programs are compared with rtol=1e-5 (float32); integer programs exactly.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.experimental import io_callback
+
+import jaxrewrite
+from jaxrewrite import _compat as C
+from jaxrewrite._options import Options
+from jaxrewrite._pipeline import Context
+from jaxrewrite._report import Report
+from jaxrewrite.passes import reroll
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+RTOL = 1e-5
+
+
+def _rewrite(f, *args, **opts):
+    res = jaxrewrite._api.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(*args), **opts)
+    C.check_jaxpr(res.jaxpr)
+    return res.jaxpr, res.report
+
+
+def _top(cj, name):
+    return sum(1 for e in cj.jaxpr.eqns if e.primitive.name == name)
+
+
+def _layer(w, x):
+    return jnp.tanh(x @ w) + x
+
+
+def _stack(ws, x):
+    for w in ws:
+        x = jax.checkpoint(_layer)(w, x)
+    return (x * x).sum()
+
+
+def _weights(n, d=4, seed=0):
+    ks = jax.random.split(jax.random.key(seed), n)
+    return [jax.random.normal(k, (d, d)) * 0.3 for k in ks]
+
+
+def test_fresh_jit_closures_roll_into_one_scan():
+    def f(x):
+        for _ in range(6):
+            x = jax.jit(lambda s: jnp.sin(s) * 0.5 + s)(x)
+        return x
+    x = jnp.linspace(0, 1, 8)
+    cj, report = _rewrite(f, x, reroll=True)
+    assert _top(cj, "scan") == 1 and _top(cj, "jit") == 0
+    assert report.stats["reroll.lengths"] == [6]
+    assert_equivalent(f, x, reroll=True, rtol=RTOL)
+
+
+def test_checkpoint_stack_with_per_layer_weights():
+    ws, x = _weights(5), jnp.ones((2, 4))
+    cj, report = _rewrite(_stack, ws, x, reroll=True)
+    assert _top(cj, "scan") == 1 and _top(cj, C.remat_p.name) == 0
+    assert report.counts["reroll.chains"] == 1
+    assert_equivalent(_stack, ws, x, reroll=True, rtol=RTOL)
+
+
+def test_grad_of_optimize_is_grad_of_a_scan():
+    ws, x = _weights(6), jnp.ones((3, 4))
+    g_opt = jax.jit(jax.grad(jaxrewrite.optimize(_stack, reroll=True)))
+    g_ref = jax.jit(jax.grad(_stack))
+    for a, b in zip(g_opt(ws, x), g_ref(ws, x)):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+    jaxpr = jax.make_jaxpr(jax.grad(jaxrewrite.optimize(_stack, reroll=True)))(ws, x)
+    counts = primitive_counts(jaxpr)
+    assert counts.get("scan", 0) >= 2 and counts.get(C.remat_p.name, 0) <= 2  # fwd + bwd loops
+
+
+def test_optimize_of_grad_rolls_the_backward_chain():
+    ws, x = _weights(6), jnp.ones((3, 4))
+    g = jax.grad(_stack)
+    cj, report = _rewrite(g, ws, x, reroll=True)
+    assert report.counts["reroll.chains"] >= 1 and _top(cj, "scan") >= 1
+    assert _top(cj, C.remat_p.name) < 6
+    got, want = jaxrewrite.optimize(g, reroll=True)(ws, x), jax.jit(g)(ws, x)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+
+
+def test_per_layer_literals_are_lifted_into_xs():
+    def layer(x, i, key):
+        return x + jax.random.normal(jax.random.fold_in(key, i), x.shape) * 0.1
+
+    def f(x, key):
+        for i in range(5):
+            x = jax.jit(layer)(x, i, key)
+        return x
+    x, key = jnp.zeros(4), jax.random.key(1)
+    for fold in (False, True):  # fold specialises each body to its index: reroll lifts it back
+        cj, _ = _rewrite(f, x, key, reroll=True, fold=fold)
+        assert _top(cj, "scan") == 1
+        scan = next(e for e in cj.jaxpr.eqns if e.primitive.name == "scan")
+        lits = [a for a in scan.invars if C.is_literal(a)]
+        assert lits and np.asarray(C.literal_value(lits[0])).ravel().tolist() == [0, 1, 2, 3, 4]
+        assert_equivalent(f, x, key, reroll=True, fold=fold, rtol=RTOL, grad=False, vmap=False)
+
+
+def test_intermediate_results_come_out_as_ys():
+    def f(x):
+        outs = []
+        for _ in range(4):
+            x = jax.jit(lambda s: jnp.cos(s) + 1.0)(x)
+            outs.append(x)
+        return x, outs[1] * 2, outs[0]
+    x = jnp.linspace(0, 1, 3)
+    cj, _ = _rewrite(f, x, reroll=True)
+    assert _top(cj, "scan") == 1
+    assert_equivalent(f, x, reroll=True, rtol=RTOL)
+
+
+def test_min_length_default_off_and_effects():
+    def f(x):
+        for _ in range(3):
+            x = jax.jit(lambda s: s * 2.0)(x)
+        return x
+    x = jnp.ones(2)
+    assert _top(_rewrite(f, x)[0], "scan") == 0                     # reroll=False by default
+    assert _top(_rewrite(f, x, reroll=4)[0], "scan") == 0           # chain shorter than 4
+    assert _top(_rewrite(f, x, reroll=3)[0], "scan") == 1
+
+    log = []
+
+    def g(x):
+        for _ in range(4):
+            x = jax.jit(lambda s: io_callback(lambda v: (log.append(1), v)[1],
+                                              jax.ShapeDtypeStruct((2,), jnp.float32), s * 2,
+                                              ordered=True))(x)
+        return x
+    assert _top(_rewrite(g, x, reroll=True)[0], "scan") == 0        # effects: never rolled
+    jaxrewrite.optimize(g, reroll=True)(x)
+    jax.effects_barrier()
+    assert log == [1] * 4
+
+
+def test_reroll_is_idempotent_and_unroll_passes_through():
+    def f(x):
+        for _ in range(4):
+            x = jax.jit(lambda s: s * 1.5 + 1)(x)
+        return x
+    cj, _ = _rewrite(f, jnp.ones(2), reroll=True, unroll=2)
+    scan = next(e for e in cj.jaxpr.eqns if e.primitive.name == "scan")
+    assert scan.params["unroll"] == 2
+    ctx = Context(Options.make(reroll=True), Report())
+    out, changed = reroll.run(cj, ctx)
+    assert out is cj and not changed
+
+
+def test_chain_cut_where_an_intermediate_is_used_early():
+    def f(x):
+        a = jax.jit(lambda s: s + 1.0)
+        x1 = a(x)
+        x2 = a(x1)
+        y = x1 * 3.0          # used before the chain ends: the chain is cut after x1
+        x3 = a(x2 + y)
+        x4 = a(x3)
+        x5 = a(x4)
+        x6 = a(x5)
+        return x6
+    x = jnp.ones(2)
+    cj, _ = _rewrite(f, x, reroll=True)
+    assert_equivalent(f, x, reroll=True, rtol=RTOL)
+
+
+# --- property: random chains ---------------------------------------------------------------------
+
+@settings(max_examples=6)
+@given(st.integers(1, 7), st.booleans(), st.booleans(), st.integers(2, 4))
+def test_random_chains(n, per_layer_weights, use_checkpoint, min_len):
+    ws = _weights(n, d=3, seed=n)
+    if not per_layer_weights:
+        ws = [ws[0]] * n
+    wrap = jax.checkpoint if use_checkpoint else jax.jit
+
+    def f(ws, x):
+        for i, w in enumerate(ws):
+            x = wrap(lambda w, x, i: jnp.tanh(x @ w) * (1.0 + 0.01 * i) + x)(w, x, i)
+        return x
+    x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+    cj, report = _rewrite(f, ws, x, reroll=min_len)
+    expect_rolled = n >= min_len
+    assert (_top(cj, "scan") == 1) == expect_rolled
+    if expect_rolled:
+        assert report.stats["reroll.lengths"] == [n]
+    assert_equivalent(f, ws, x, reroll=min_len, rtol=RTOL, vmap=False)
+
+
+def test_backward_chain_reads_forward_residuals_in_reverse():
+    def f(ws, x):
+        for w in ws:
+            x = jax.jit(_layer)(w, x)
+        return (x * x).sum()
+    ws, x = _weights(5), jnp.ones((2, 4))
+    g = jax.grad(f)
+    cj, report = _rewrite(g, ws, x, reroll=True)
+    scans = [e for e in cj.jaxpr.eqns if e.primitive.name == "scan"]
+    assert report.counts["reroll.chains"] == 2 and len(scans) == 2
+    assert [s.params["reverse"] for s in scans] == [False, True]
+    # one stacked copy of the weights (the forward's); the backward slices it and the residuals
+    assert _top(cj, "stack") + _top(cj, "concatenate") == 1
+    got, want = jaxrewrite.optimize(g, reroll=True)(ws, x), jax.jit(g)(ws, x)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
