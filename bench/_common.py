@@ -52,6 +52,15 @@ def paired_calls(fns: dict[str, Callable[[], object]], repeats: int = 7, inner: 
     return {k: v / inner for k, v in med.items()}
 
 
+def calls_per_sample(f, arg, seconds: float, cap: int = 1000) -> int:
+    """How many back-to-back calls of `f(arg)` make one timing sample of about `seconds`."""
+    block(f(arg))
+    t = time.perf_counter()
+    block(f(arg))
+    once = max(time.perf_counter() - t, 1e-6)
+    return max(1, min(cap, int(seconds / once)))
+
+
 def phases(jitted, *args, **kwargs) -> dict:
     """Seconds for trace, lower and compile of a `jax.jit`-like object (fresh, not cached)."""
     gc.collect()

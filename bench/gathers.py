@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,7 +113,7 @@ def measure(name, fn, arg, quick: bool, gpu_target: str | None = None) -> dict:
         row[f"eqns_{v}"] = _walk.count_eqns(tj)
         row[f"gathers_{v}"] = _gathers(tj)
         row[f"fusions_{v}"] = _common.cpu_fusions(ph[v]["compiled"])
-    inner = _inner(fns["jit"], arg, quick)
+    inner = _common.calls_per_sample(fns["jit"], arg, 0.005 if quick else 0.02, cap=500)
     run = _common.paired_calls({v: (lambda f=fns[v]: f(arg)) for v in VARIANTS},
                                repeats=3 if quick else 11, inner=inner)
     row["run_us_jit"] = run["jit"] * 1e6
@@ -125,14 +124,6 @@ def measure(name, fn, arg, quick: bool, gpu_target: str | None = None) -> dict:
     if gpu_target:
         row.update(_gpu_kernels(fn, arg, gpu_target))
     return row
-
-
-def _inner(f, arg, quick: bool) -> int:
-    _common.block(f(arg))
-    t = time.perf_counter()
-    _common.block(f(arg))
-    once = max(time.perf_counter() - t, 1e-6)
-    return max(1, min(500, int((0.005 if quick else 0.02) / once)))
 
 
 def _gpu_kernels(fn, arg, target: str) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,7 +152,8 @@ def measure(name: str, fn, arg, quick: bool, gpu_target: str | None = None) -> d
     np.testing.assert_array_equal(np.asarray(jit_f(arg)), np.asarray(opt_f(arg)))
     tj, to = jit_f.trace(arg).jaxpr, opt_f.trace(arg).jaxpr
     run = _common.paired_calls({"jit": lambda: jit_f(arg), "opt": lambda: opt_f(arg)},
-                               repeats=5 if quick else 11, inner=_inner(jit_f, arg, quick))
+                               repeats=5 if quick else 11,
+                               inner=_common.calls_per_sample(jit_f, arg, 0.01 if quick else 0.02))
     row = dict(program=name,
                eqns_jit=_walk.count_eqns(tj), eqns_opt=_walk.count_eqns(to),
                jaxprs_jit=inner_jaxprs(tj), jaxprs_opt=inner_jaxprs(to),
@@ -170,15 +170,6 @@ def measure(name: str, fn, arg, quick: bool, gpu_target: str | None = None) -> d
     if gpu_target:
         row.update(_gpu_kernels(fn, arg, gpu_target))
     return row
-
-
-def _inner(f, arg, quick: bool) -> int:
-    """Calls per sample so that one sample takes about 10 ms (20 ms in a full run)."""
-    _common.block(f(arg))
-    t = time.perf_counter()
-    _common.block(f(arg))
-    once = max(time.perf_counter() - t, 1e-6)
-    return max(1, min(1000, int((0.01 if quick else 0.02) / once)))
 
 
 def _gpu_kernels(fn, arg, target: str) -> dict:

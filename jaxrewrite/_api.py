@@ -14,7 +14,7 @@ import inspect
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 
@@ -88,7 +88,13 @@ def _store_for(fun) -> dict | None:
     d = getattr(fun, "__dict__", None)
     if isinstance(d, dict) and not inspect.ismethod(fun):
         with _CACHE_LOCK:
-            return d.setdefault(_STORE_ATTR, {})
+            # `functools.wraps` (jax.grad, jax.vmap, ...) copies `__dict__` into the wrapper:
+            # a store is only ours if it names `fun` itself as its owner.
+            owner, store = d.get(_STORE_ATTR, (None, None))
+            if owner is not fun:
+                store = {}
+                d[_STORE_ATTR] = (fun, store)
+            return store
     try:
         ref = weakref.WeakMethod(fun) if inspect.ismethod(fun) else weakref.ref(fun)
         hash(ref)

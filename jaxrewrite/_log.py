@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import os
 import threading
 

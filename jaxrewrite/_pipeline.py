@@ -79,23 +79,15 @@ class PassError(RuntimeError):
     """A pass raised; names the pass and the passes that ran before it."""
 
 
-def _load(spec: PassSpec) -> Callable | None:
-    try:
-        mod = importlib.import_module(f"jaxrewrite.passes.{spec.name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"jaxrewrite.passes.{spec.name}":
-            return None
-        raise
-    return mod.run
+def _load(spec: PassSpec) -> Callable:
+    return importlib.import_module(f"jaxrewrite.passes.{spec.name}").run
 
 
 def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, Callable]]:
     out = []
     for spec in PASSES:
         if getattr(options, spec.option):
-            fn = _load(spec)
-            if fn is not None:
-                out.append((spec, fn))
+            out.append((spec, _load(spec)))
     out.extend(extra)
     return out
 

@@ -573,3 +573,18 @@ def test_jit_per_argument_params_stay_in_step():
             for k in C.JIT_PER_OUT_PARAMS:
                 assert len(e.params[k]) == len(e.outvars), k
     C.check_jaxpr(out)
+
+
+def test_wrappers_of_wrapped_functions_are_not_shared():
+    # jax.grad copies f.__dict__ (functools.wraps) into its result: the wrapper store must not
+    # travel with it, or optimize(jax.grad(f)) would return optimize(f).
+    def f(w):
+        return (w * w).sum()
+
+    g = jax.grad(f)
+    of, og = jaxrewrite.optimize(f), jaxrewrite.optimize(g)
+    assert of is not og
+    w = jnp.arange(3.0)
+    assert_bitwise_equal(og(w), jax.jit(g)(w))
+    assert_bitwise_equal(of(w), jax.jit(f)(w))
+    assert jaxrewrite.optimize(g) is og

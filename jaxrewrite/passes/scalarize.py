@@ -150,7 +150,6 @@ def slice_links(eqn, node):
 def slice_emit(b: Builder, eqn, info):
     """slice[rows 1:3](x) with rows split → pieces x_1, x_2 (renaming); other dims per piece."""
     x, = eqn.invars
-    out = eqn.outvars[0]
     axes = b.chosen.get(x, ())
     shape = shape_of(x)
     start = eqn.params["start_indices"]
