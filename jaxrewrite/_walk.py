@@ -50,6 +50,24 @@ def map_jaxprs(cj: C.ClosedJaxpr, fn: Callable[[C.ClosedJaxpr], C.ClosedJaxpr],
     return _map(cj, fn, memo, not nested_only)
 
 
+def map_levels(cj: C.ClosedJaxpr, fn: Callable[[C.Jaxpr], tuple[C.Jaxpr, int]]
+               ) -> tuple[C.ClosedJaxpr, int]:
+    """`map_jaxprs` for a per-level rewrite `fn(jaxpr) -> (jaxpr, rewrites made)`.
+
+    Returns the new program and the total number of rewrites; a level with none is kept as is.
+    """
+    total = [0]
+
+    def level(c: C.ClosedJaxpr) -> C.ClosedJaxpr:
+        new, n = fn(c.jaxpr)
+        if not n:
+            return c
+        total[0] += n
+        return C.closed(new, c.consts)
+
+    return map_jaxprs(cj, level), total[0]
+
+
 def _map(j, fn, memo, apply=True):
     key = id(j)
     hit = memo.get(key)

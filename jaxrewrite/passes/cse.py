@@ -65,7 +65,6 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     keyer = shared_keyer(ctx)
     cache = getattr(ctx, "cache", None)  # per rewrite: a pure function of the jaxpr object
     memo: dict = {} if cache is None else cache.setdefault("cse.stateful", {})
-    hits = [0]
 
     def stateful_inside(j) -> bool:
         hit = memo.get(id(j))
@@ -78,17 +77,10 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
         memo[id(j)] = (j, out)
         return out
 
-    def level(c: C.ClosedJaxpr) -> C.ClosedJaxpr:
-        new, n = _cse_level(c.jaxpr, keyer, stateful_inside, ctx)
-        if not n:
-            return c
-        hits[0] += n
-        return C.closed(new, c.consts)
-
-    out = _walk.map_jaxprs(cj, level)
-    if hits[0] and ctx is not None:
-        ctx.report.count("cse.hits", hits[0])
-    return out, hits[0] > 0
+    out, hits = _walk.map_levels(cj, lambda j: _cse_level(j, keyer, stateful_inside, ctx))
+    if hits and ctx is not None:
+        ctx.report.count("cse.hits", hits)
+    return out, hits > 0
 
 
 def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):

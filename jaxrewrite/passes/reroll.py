@@ -71,17 +71,8 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     if min_len is None:
         return cj, False
     keyer = Keyer()
-    rolled = [0]
-
-    def level(c):
-        new, n = _reroll_level(c.jaxpr, keyer, min_len, ctx)
-        if not n:
-            return c
-        rolled[0] += n
-        return C.closed(new, c.consts)
-
-    out = _walk.map_jaxprs(cj, level)
-    return out, rolled[0] > 0
+    out, rolled = _walk.map_levels(cj, lambda j: _reroll_level(j, keyer, min_len, ctx))
+    return out, rolled > 0
 
 
 # --- finding chains ----------------------------------------------------------------------------
