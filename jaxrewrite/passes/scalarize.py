@@ -775,6 +775,15 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         ctx.report.declined(PASS, first, reason)
         return jaxpr, False
     new, joins, cuts = built[0] if built else _split(jaxpr, an, target, costs)
+    if joins > an.plan.joins and not ctx.options.autotune:
+        # The plan estimates re-joins before emitting; where emitting needed more (values passed
+        # whole into calls), decide again on the real count (seed shift program with
+        # `lax.gather`: 1 planned, 7 made, 1.6x slower on the CPU when split anyway).
+        reason = hard or _cost.scalarize_decision(dataclasses.replace(an.plan, joins=joins),
+                                                  target, mode)
+        if reason is not None:
+            ctx.report.declined(PASS, first, reason)
+            return jaxpr, False
     ctx.report.applied(PASS, list(jaxpr.eqns[:1]), after=("renaming",), n=an.plan.movers_removed)
     ctx.report.count(f"{PASS}.joins", joins)
     if cuts:
