@@ -19,12 +19,14 @@
 Columns: H200 kernels (deviceless XLA compile, when the gpu-aot extra is importable and
 JAX_PLATFORMS=cpu; `optimize` rows with target="gpu"), CPU fusions, CPU run time (paired
 medians) and its ratio to the hand-written form (ChaCha) or to the no-permutation form (seed),
-compile seconds for the CPU and the H200 — wall, and process CPU time (steadier on a shared
-machine) — each including trace and, for `optimize`, the rewrite.
+compile seconds for the CPU (paired medians of 5, fresh caches; one sample with --quick) and
+the H200 — wall, and process CPU time (steadier on a shared machine) — each including trace
+and, for `optimize`, the rewrite.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -166,17 +168,28 @@ def _h200(make, spec) -> dict:
 
 
 def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
-           gpu_variants: dict) -> list[dict]:
+           gpu_variants: dict, compile_repeats: int = 1) -> list[dict]:
     """`variants`: name → zero-argument maker of a fresh jitted callable; `gpu_variants` replaces
     some for the H200 compile (optimize with target="gpu": the GPU rows of the cost model)."""
     rows, calls = [], {}
     spec = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+    # Compile seconds: paired (every variant once per round, fresh caches), medians.
+    walls: dict = {k: [] for k in variants}
+    cpus: dict = {k: [] for k in variants}
+    compiled_by = {}
+    for _ in range(compile_repeats):
+        for name, make in variants.items():
+            print(f"[{NAME}] {program} / {name}", file=sys.stderr, flush=True)
+            cs, cpu_s, compiled = _compile_s(make(), arg)
+            walls[name].append(cs)
+            cpus[name].append(cpu_s)
+            compiled_by.setdefault(name, compiled)
     for name, make in variants.items():
-        print(f"[{NAME}] {program} / {name}", file=sys.stderr, flush=True)
-        cs, cpu_s, compiled = _compile_s(make(), arg)
+        compiled = compiled_by[name]
         out = np.asarray(compiled(arg))
         row = dict(program=program, form=name, cpu_fusions=_common.cpu_fusions(compiled),
-                   compile_s_cpu=cs, compile_cpu_s_cpu=cpu_s,
+                   compile_s_cpu=statistics.median(walls[name]),
+                   compile_cpu_s_cpu=statistics.median(cpus[name]),
                    exact=bool(np.array_equal(out, reference)))
         row.update(_h200(gpu_variants.get(name, make), spec))
         rows.append(row)
@@ -198,7 +211,8 @@ def chacha(quick: bool) -> list[dict]:
     gpu = {"take+optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu")}
     if quick:  # the slow-to-compile forms are left to the full run
         variants = {k: v for k, v in variants.items() if k in ("take", "words", "take+optimize")}
-    rows = _table("chacha20", variants, x, "words", ref, 3 if quick else 7, gpu)
+    rows = _table("chacha20", variants, x, "words", ref, 3 if quick else 7, gpu,
+                  compile_repeats=1 if quick else 5)
     single = np.asarray(jaxrewrite.optimize(chacha_take)(jnp.asarray(RFC_STATE)))
     for row in rows:
         row["exact"] = row["exact"] and (row["form"] != "take+optimize"
@@ -221,7 +235,8 @@ def seed(quick: bool) -> list[dict]:
     rows = []
     for p in ("gather", "take", "ravel"):
         ref[p] = np.asarray(jax.jit(rounds_program(COLFNS["mix"], PERMS[p]))(ms))
-    rows = _table("seed/mix", variants, ms, "none", ref["take"], 3 if quick else 7, gpu)
+    rows = _table("seed/mix", variants, ms, "none", ref["take"], 3 if quick else 7, gpu,
+                  compile_repeats=1 if quick else 5)
     for row in rows:
         if row["form"] == "none":
             row["exact"] = "-"

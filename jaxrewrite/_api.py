@@ -52,12 +52,12 @@ def optimize(fun: Callable | None = None, /, **kwargs):
     key = _cache_key(options, jit_kw)
     store = _store_for(fun) if key is not None else None
     if store is None:
-        return jax.jit(_rewriting(fun, options), **jit_kw)
+        return jax.jit(_rewriting(fun, options, jit_kw), **jit_kw)
     with _CACHE_LOCK:
         hit = store.get(key)
     if hit is not None:
         return hit
-    jitted = jax.jit(_rewriting(fun, options), **jit_kw)
+    jitted = jax.jit(_rewriting(fun, options, jit_kw), **jit_kw)
     with _CACHE_LOCK:
         # another thread may have made one meanwhile: the first one in wins, so every caller
         # shares one jitted object (and jax.jit's cache: one trace per shape)
@@ -117,8 +117,10 @@ def _hashable(v):
     return v
 
 
-def _rewriting(fun: Callable, options: Options) -> Callable:
+def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None) -> Callable:
     """The function `jax.jit` traces: trace `fun`, rewrite, evaluate into the current trace."""
+    # Shardings jax.jit is given: whether the program is partitioned over several devices.
+    shardings = tuple((jit_kw or {}).get(k) for k in ("in_shardings", "out_shardings"))
 
     @functools.wraps(fun, updated=())  # not fun.__dict__: it holds optimize's wrapper store
     def wrapped(*args, **kwargs):
@@ -142,7 +144,7 @@ def _rewriting(fun: Callable, options: Options) -> Callable:
         # named like `fun`, so errors while tracing it read as they do under jax.jit
         cj = C.trace(C.name_like(flat_fun, fun, args, kwargs, dyn), dyn_vals)
         t1 = time.perf_counter()
-        result = _pipeline.rewrite(cj, options)
+        result = _pipeline.rewrite(cj, options, shardings=shardings)
         result.report.time("trace", t1 - t0)
         _log.rewritten(fun, dyn_vals, result.report)  # JAXREWRITE_LOG=1: one line per function
         _LAST.report = result.report

@@ -132,6 +132,9 @@ def check_jaxpr(jaxpr) -> None:
     _core.check_jaxpr(j)
 
 
+_JAXPR_TYPES = (ClosedJaxpr, Jaxpr)
+
+
 def params_jaxprs(params) -> Iterator[tuple[str, int | None, Any]]:
     """(param name, index in a tuple or None, jaxpr) for every jaxpr held in `params`.
 
@@ -141,9 +144,10 @@ def params_jaxprs(params) -> Iterator[tuple[str, int | None, Any]]:
     carry their bodies.
     """
     for name, val in params.items():
-        if isinstance(val, (ClosedJaxpr, Jaxpr)):
+        if isinstance(val, _JAXPR_TYPES):
             yield name, None, val
-        elif isinstance(val, tuple) and val and all(isinstance(v, (ClosedJaxpr, Jaxpr)) for v in val):
+        elif (type(val) is tuple and val and isinstance(val[0], _JAXPR_TYPES)
+              and all(isinstance(v, _JAXPR_TYPES) for v in val)):
             for i, v in enumerate(val):
                 yield name, i, v
 
@@ -306,8 +310,75 @@ def _trace_manual(fun: Callable, avals: Sequence, ctx) -> ClosedJaxpr:
 
 
 def eval_jaxpr(cj: ClosedJaxpr, *args) -> list:
-    """Evaluate `cj` in the current trace (inside `jax.jit`, this stages its equations out)."""
-    return _core.eval_jaxpr(cj.jaxpr, cj.consts, *args)
+    """Evaluate `cj` in the current trace (inside `jax.jit`, this stages its equations out).
+
+    Inside `jax.jit`'s own trace the equations are emitted as they are (`_emit_into_trace`):
+    binding each one again would re-run abstract evaluation and staging rules that only
+    rebuild the same equation (a third of optimize's trace at 100k equations).
+    """
+    trace = _emit_target(cj, args)
+    if trace is None:
+        return _core.eval_jaxpr(cj.jaxpr, cj.consts, *args)
+    return _emit_into_trace(trace, cj, args)
+
+
+def _emit_target(cj: ClosedJaxpr, args):
+    """The jit trace that `args` belong to, when `cj` can be emitted into it directly."""
+    from jax._src.interpreters import partial_eval as pe
+    trace = getattr(_core.trace_ctx, "trace", None)
+    if (not isinstance(trace, pe.DynamicJaxprTrace) or not hasattr(trace, "emit_eqn")
+            or not all(isinstance(a, pe.DynamicJaxprTracer) and a._trace is trace for a in args)):
+        return None
+    # Effects that name an input (state refs) are renumbered by `bind`; so are values with
+    # mutable state: leave both to it.
+    if any(isinstance(e, _effects.JaxprInputEffect) for e in cj.jaxpr.effects):
+        return None
+    if any(getattr(v.aval, "has_qdd", False) for v in cj.jaxpr.invars):
+        return None
+    return trace
+
+
+def _emit_into_trace(trace, cj: ClosedJaxpr, args) -> list:
+    """Each equation of `cj` added to `trace` with its params, effects, context and source line
+    (name stack under the current one), as `jax.core.eval_jaxpr` would stage it."""
+    from jax._src.interpreters import partial_eval as pe
+    here = _siu.current()
+    env = dict(zip(cj.jaxpr.invars, args))
+    for v, c in zip(cj.jaxpr.constvars, cj.consts):
+        env[v] = trace.new_const(c, source_info=here)
+
+    def read(a, src):
+        if isinstance(a, _core.Literal):
+            return pe.DynamicJaxprTracer(trace, a.aval, a, src)
+        return env[a]
+
+    for eqn in cj.jaxpr.eqns:
+        src = eqn.source_info.replace(name_stack=here.name_stack + eqn.source_info.name_stack)
+        ins = [read(a, src) for a in eqn.invars]
+        outs = trace.emit_eqn(ins, [v.aval for v in eqn.outvars], eqn.primitive, eqn.params,
+                              eqn.effects, src, eqn.ctx)
+        for v, t in zip(eqn.outvars, outs):
+            env[v] = t
+    return [read(a, here) for a in cj.jaxpr.outvars]
+
+
+def sharding_devices(s) -> int:
+    """Devices a sharding or mesh (concrete or abstract) spans; 1 for anything else."""
+    mesh = s if hasattr(s, "axis_names") and hasattr(s, "size") else getattr(s, "mesh", None)
+    try:
+        size = int(getattr(mesh, "size", 0) or 0)
+        if size:
+            return size
+        devs = getattr(s, "device_set", None)
+        return max(1, len(devs)) if devs else 1
+    except Exception:  # noqa: BLE001 - an unfamiliar object: no claim about devices
+        return 1
+
+
+def leaves(tree) -> list:
+    """The leaves of a pytree of shardings (None is a leaf here, and ignored)."""
+    return [x for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
+            if x is not None]
 
 
 def is_tracer(x) -> bool:

@@ -97,7 +97,7 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
     def run(*args, **call_kwargs) -> Explanation:
         notes: list[str] = []
         # -- optimize(fun): a fresh wrapper, so nothing is cached from earlier calls
-        opt = jax.jit(_api._rewriting(fun, options), **jit_kw)
+        opt = jax.jit(_api._rewriting(fun, options, jit_kw), **jit_kw)
         _pipeline.enabled_passes(options)  # imports the passes: a one-time cost, not the rewrite's
         prev = _api.last_report()
         t0 = time.perf_counter()
@@ -136,7 +136,7 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
             # the cost model decides for the GPU here, unless the caller chose a target
             gpu_opts = options if options.target is not None else \
                 dataclasses.replace(options, target="gpu")
-            gpu_opt = jax.jit(_api._rewriting(fun, gpu_opts), **jit_kw)
+            gpu_opt = jax.jit(_api._rewriting(fun, gpu_opts, jit_kw), **jit_kw)
             kernels = (_gpu_kernels(gpu_opt, args, call_kwargs, target, notes),
                        _gpu_kernels(base, args, call_kwargs, target, notes) if baseline else None)
         if report.errors:

@@ -84,6 +84,23 @@ def gather_output_shape(start_indices_shape, dimension_numbers, slice_sizes) -> 
     return tuple(next(sizes) if d in offset_dims else next(bs) for d in range(out_rank))
 
 
+def wide_window_dims(operand_shape, dimension_numbers, slice_sizes, big: int) -> dict[int, int]:
+    """Operand dims that every window takes whole (start 0, full size: passthrough by
+    construction) and that are larger than `big`: operand dim → output dim.
+
+    A gather's map can be computed with these dims shrunk to 1 and the rest applied to them
+    unchanged: a vmapped gather over 65,536 rows needs a map of 16 entries, not of a million.
+    """
+    offset_dims = tuple(int(d) for d in dimension_numbers.offset_dims)
+    skip = set(int(d) for d in dimension_numbers.collapsed_slice_dims)
+    skip |= set(int(d) for d in getattr(dimension_numbers, "operand_batching_dims", ()))
+    start_map = set(int(d) for d in dimension_numbers.start_index_map)
+    window = [d for d in range(len(operand_shape)) if d not in skip]
+    return {d: offset_dims[k] for k, d in enumerate(window)
+            if int(slice_sizes[d]) == operand_shape[d] and d not in start_map
+            and big < operand_shape[d] < 2 ** 31}  # (a dim past int32 changes FILL's wrap)
+
+
 def gather_map(operand_shape, start_indices: np.ndarray, dimension_numbers, slice_sizes,
                mode) -> np.ndarray:
     """The source map of `lax.gather(operand, start_indices, dimension_numbers, slice_sizes, mode)`.

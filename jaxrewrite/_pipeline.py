@@ -11,7 +11,9 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
 5. dedup      - structurally identical inner jaxprs become one object (lowered once).
 6. cse        - identical pure equations on identical operands are computed once.
    (1-6 repeat until nothing changes, at most `max_rounds` times; each pass only removes
-   or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.)
+   or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.
+   A pass runs again only when a pass that may create work for it (`PassSpec.enables`) changed
+   the program since it last ran: dedup only shares objects, so it wakes cse and nothing else.)
 7. reroll     - chains of identical calls become `lax.scan` (once, at the end; off by default).
 
 If a pass raises, `rewrite` returns the original program and one warning naming the pass;
@@ -37,6 +39,9 @@ class PassSpec:
     name: str          # module jaxrewrite.passes.<name>, and the report's pass name
     option: str        # the option that enables it
     fixpoint: bool     # repeated to a fixed point (True) or run once at the end (False)
+    # Passes whose work a change by this one may create (None: every pass, itself included).
+    # Only a pass that provably cannot create work elsewhere names a smaller set.
+    enables: tuple[str, ...] | None = None
 
 
 PASSES: tuple[PassSpec, ...] = (
@@ -44,7 +49,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("gathers", "gathers", True),
     PassSpec("movement", "movement", True),
     PassSpec("scalarize", "scalarize", True),
-    PassSpec("dedup", "dedup", True),
+    PassSpec("dedup", "dedup", True, enables=("cse",)),  # sharing changes no structure
     PassSpec("cse", "cse", True),
     PassSpec("reroll", "reroll", False),
 )
@@ -61,6 +66,9 @@ class Context:
     options: Options
     report: Report
     cache: dict = dataclasses.field(default_factory=dict)
+    # Devices the program is partitioned over (its inputs' shardings, the shardings jax.jit is
+    # given, sharding constraints and shard_maps inside it); 1 for a single-device program.
+    devices: int = 1
 
     @property
     def target(self) -> str:
@@ -92,10 +100,12 @@ def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, 
     return out
 
 
-def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = ()) -> RewriteResult:
-    """Run the pipeline on `cj`. `extra_passes` ((PassSpec, fn) pairs) are appended (tests)."""
+def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = (),
+            shardings=()) -> RewriteResult:
+    """Run the pipeline on `cj`. `extra_passes` ((PassSpec, fn) pairs) are appended (tests);
+    `shardings`: what `jax.jit` is given (in/out shardings, any pytree of them)."""
     report = Report()
-    ctx = Context(options, report)
+    ctx = Context(options, report, devices=program_devices(cj, shardings))
     t0 = time.perf_counter()
     # The passes allocate many small, short-lived objects while the whole program stays live:
     # Python's cyclic collector would rescan it again and again (a quarter of the rewrite time at
@@ -119,6 +129,23 @@ def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = ()) ->
     report.stats["eqns_before"] = _walk.count_eqns(cj)
     report.stats["eqns_after"] = _walk.count_eqns(out)
     return RewriteResult(out, report, changed)
+
+
+# Primitives whose params may name a mesh or a sharding (a program partitioned from inside).
+_SHARDING_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "jit", "pjit", "mesh_cast",
+                                  "reshard", "device_put"})
+
+
+def program_devices(cj: C.ClosedJaxpr, shardings=()) -> int:
+    """How many devices `cj` is partitioned over (1: one device, as far as it says)."""
+    n = max([1] + [C.sharding_devices(getattr(v.aval, "sharding", None))
+                   for v in cj.jaxpr.invars] + [C.sharding_devices(s) for s in C.leaves(shardings)])
+    for eqn in _walk.iter_eqns(cj):
+        if eqn.primitive.name in _SHARDING_PRIMITIVES:
+            for v in eqn.params.values():
+                for s in (v if isinstance(v, tuple) else (v,)):
+                    n = max(n, C.sharding_devices(s))
+    return n
 
 
 def _same(a, b) -> bool:
@@ -163,14 +190,19 @@ def _run(cj, ctx, passes):
     cj = _walk.literalize_consts(cj, ctx.options.fold_limit)
     any_change = False
     loop = [(s, f) for s, f in passes if s.fixpoint]
+    dirty = {s.name for s, _ in loop}       # passes with possible work: all, at first
     for rnd in range(max(1, ctx.options.max_rounds)):
-        changed_round = False
         for spec, fn in loop:
+            if spec.name not in dirty:
+                continue
+            dirty.discard(spec.name)
             cj, changed = step(cj, spec, fn)
-            changed_round |= changed
-        any_change |= changed_round
+            if changed:
+                any_change = True
+                dirty.update(s.name for s, _ in loop if spec.enables is None
+                             or s.name in spec.enables)
         ctx.report.count("pipeline.rounds")
-        if not changed_round:
+        if not dirty:
             break
     else:
         logger.debug("pipeline reached max_rounds=%d", ctx.options.max_rounds)

@@ -15,6 +15,7 @@ Three tools every pass uses:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -74,19 +75,18 @@ def _map(j, fn, memo, apply=True):
     if hit is not None and hit[0] is j and apply:
         return hit[1]
     cj = as_closed(j)
-    eqns = []
-    changed = False
-    for eqn in cj.jaxpr.eqns:
-        if not has_subjaxprs(eqn):  # most equations: nothing to walk into
-            eqns.append(eqn)
-            continue
+    eqns = None
+    for i, subs in nested_eqns(cj.jaxpr):  # most equations hold no jaxpr: not visited
+        eqn = cj.jaxpr.eqns[i]
         # JAX cuts tracebacks at jit boundaries: equations inside a library's jit (`jnp.take`'s
         # `_take`) have no user frame, so the report falls back to the call site's line.
         with call_site(eqn):
-            new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo))
-        changed |= new_eqn is not eqn
-        eqns.append(new_eqn)
-    if changed:
+            new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo), subs)
+        if new_eqn is not eqn:
+            if eqns is None:
+                eqns = list(cj.jaxpr.eqns)
+            eqns[i] = new_eqn
+    if eqns is not None:
         cj = C.closed(C.replace_jaxpr(cj.jaxpr, eqns=eqns), cj.consts)
     if not apply:
         return like(j, cj)
@@ -98,6 +98,34 @@ def _map(j, fn, memo, apply=True):
 _JAXPR_TYPES = (C.ClosedJaxpr, C.Jaxpr)
 
 
+# id(jaxpr) -> (weak reference, facts). Jaxprs are immutable and every pass walks every level:
+# what a walk learns of a level once (which equations hold jaxprs, and which; that it has no
+# dead code) is kept while the object lives. At 10k equations this is a third of the walking.
+_FACTS: dict[int, tuple] = {}
+
+
+def facts(jaxpr: C.Jaxpr) -> dict:
+    """A dict of cached facts about one jaxpr object (open `Jaxpr`), alive as long as it is."""
+    key = id(jaxpr)
+    hit = _FACTS.get(key)
+    if hit is not None and hit[0]() is jaxpr:
+        return hit[1]
+    d: dict = {}
+    _FACTS[key] = (weakref.ref(jaxpr, lambda _, key=key: _FACTS.pop(key, None)), d)
+    return d
+
+
+def nested_eqns(jaxpr: C.Jaxpr) -> tuple:
+    """(position, ((param name, index, jaxpr), ...)) for the equations of `jaxpr` (one level)
+    whose params hold jaxprs; most equations hold none and are never looked at again."""
+    f = facts(jaxpr)
+    hit = f.get("nested")
+    if hit is None:
+        hit = f["nested"] = tuple((i, tuple(C.params_jaxprs(e.params)))
+                                  for i, e in enumerate(jaxpr.eqns) if has_subjaxprs(e))
+    return hit
+
+
 def has_subjaxprs(eqn) -> bool:
     """Whether `eqn` may hold jaxprs in its params (a cheap test, before `params_jaxprs`)."""
     for v in eqn.params.values():
@@ -107,12 +135,13 @@ def has_subjaxprs(eqn) -> bool:
     return False
 
 
-def map_eqn_subjaxprs(eqn, fn: Callable):
-    """`eqn` with each jaxpr in its params replaced by `fn(jaxpr)` (same object: no change)."""
+def map_eqn_subjaxprs(eqn, fn: Callable, subs=None):
+    """`eqn` with each jaxpr in its params replaced by `fn(jaxpr)` (same object: no change).
+    `subs`: `C.params_jaxprs(eqn.params)`, where the caller already has it."""
     if eqn.primitive.name in _OPAQUE_PRIMITIVES:
         return eqn
     new = {}
-    for name, i, sub in C.params_jaxprs(eqn.params):
+    for name, i, sub in (C.params_jaxprs(eqn.params) if subs is None else subs):
         out = fn(sub)
         if out is not sub:
             new[(name, i)] = out
@@ -130,10 +159,9 @@ def iter_jaxprs(cj, seen: set | None = None):
     seen.add(id(cj))
     yield cj
     jaxpr = cj.jaxpr if isinstance(cj, C.ClosedJaxpr) else cj
-    for eqn in jaxpr.eqns:
-        if has_subjaxprs(eqn):
-            for _, _, sub in C.params_jaxprs(eqn.params):
-                yield from iter_jaxprs(sub, seen)
+    for _, subs in nested_eqns(jaxpr):
+        for _, _, sub in subs:
+            yield from iter_jaxprs(sub, seen)
 
 
 def iter_eqns(cj):
@@ -252,6 +280,9 @@ def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:
 
     Invars are kept (the signature is the caller's); nested jaxprs are not pruned here.
     """
+    f = facts(jaxpr)
+    if f.get("no_dead_code"):
+        return jaxpr, False
     live = {v for v in jaxpr.outvars if not C.is_literal(v)}
     kept = []
     for eqn in reversed(jaxpr.eqns):
@@ -259,9 +290,12 @@ def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:
             kept.append(eqn)
             live.update(a for a in eqn.invars if not C.is_literal(a))
     if len(kept) == len(jaxpr.eqns):
+        f["no_dead_code"] = True
         return jaxpr, False
     kept.reverse()
-    return C.replace_jaxpr(jaxpr, eqns=kept), True
+    out = C.replace_jaxpr(jaxpr, eqns=kept)
+    facts(out)["no_dead_code"] = True
+    return out, True
 
 
 def dce_closed(cj: C.ClosedJaxpr) -> C.ClosedJaxpr:
@@ -298,6 +332,7 @@ def literalize_consts(cj: C.ClosedJaxpr, max_size: int) -> C.ClosedJaxpr:
             keep_c.append(c)
     if not env:
         return cj
-    eqns = [e.replace(invars=[substitute(a, env) for a in e.invars]) for e in j.eqns]
+    eqns = [e.replace(invars=[substitute(a, env) for a in e.invars])
+            if any(not C.is_literal(a) and a in env for a in e.invars) else e for e in j.eqns]
     outvars = [substitute(a, env) for a in j.outvars]
     return C.closed(C.replace_jaxpr(j, constvars=keep_v, eqns=eqns, outvars=outvars), keep_c)

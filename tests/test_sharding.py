@@ -142,17 +142,8 @@ def test_in_out_shardings_give_jax_jits_results_and_shardings(name):
         assert g.sharding.is_equivalent_to(s, g.ndim)
 
 
-_CSE_ALL_GATHER = (
-    "passes/cse.py: the program calls one jitted function twice on the same operand; CSE "
-    "merges the calls, and the one result then feeds consumers that want different shardings, "
-    "so XLA's SPMD partitioner adds an all-gather (2 vs jax.jit's 1) where jax.jit recomputed")
-
-
 @eight
-@pytest.mark.parametrize("name", [
-    pytest.param("2d", marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                               reason=_CSE_ALL_GATHER)),
-    "model", "replicated"])
+@pytest.mark.parametrize("name", sorted(_SPECS))
 def test_in_out_shardings_add_no_communication(name):
     kw, args, _ = _sharded_case(name)
     _no_more_communication(jaxrewrite.optimize(_program, **kw).lower(*args).compile(),
@@ -160,11 +151,29 @@ def test_in_out_shardings_add_no_communication(name):
 
 
 @eight
-def test_regression_sharded_program_without_cse_adds_no_communication():
-    """The control for the xfail above: the same program with every rewrite but CSE."""
+def test_regression_cse_declines_on_a_partitioned_program():
+    """The program calls one jitted function twice on the same operand. Merging the calls made
+    one result feed consumers that want different shardings, and XLA's SPMD partitioner added an
+    all-gather (2 vs jax.jit's 1) where jax.jit recomputed. CSE now declines, with its reason,
+    on a program partitioned over several devices; single-device programs still merge."""
     kw, args, _ = _sharded_case("2d")
-    _no_more_communication(jaxrewrite.optimize(_program, cse=False, **kw).lower(*args).compile(),
-                           jax.jit(_program, **kw).lower(*args).compile())
+    jaxrewrite.optimize(_program, **kw).lower(*args)
+    rep = jaxrewrite.last_report()
+    assert "cse.hits" not in rep.counts
+    assert any(d.pass_name == "cse" and "partitioned over 8 devices" in d.reason
+               for d in rep.declines)
+    single = [np.asarray(a) for a in args]
+    jaxrewrite.optimize(_program).lower(*single)
+    assert jaxrewrite.last_report().counts["cse.hits"] >= 1
+
+
+@eight
+def test_committed_sharded_inputs_count_as_partitioned():
+    mesh = _mesh()
+    x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("a", "b")))
+    f = lambda v: jnp.sin(v) + jnp.sin(v)  # noqa: E731
+    assert_bitwise_equal(jaxrewrite.optimize(f)(x), jax.jit(f)(x))
+    assert "cse.hits" not in jaxrewrite.last_report().counts
 
 
 @eight

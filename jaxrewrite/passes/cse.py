@@ -20,6 +20,8 @@ Never merged (the table below; each hit is recorded as a decline with its reason
 |   here or anywhere in a nested body         |   are two different values                     |
 | `checkpoint` with `prevent_cse=True`        | the user asked XLA not to share it             |
 | fresh mutable refs, user callbacks          | identity / call count is observable            |
+| the program is partitioned over devices     | a merged value wanted in two shardings is      |
+|   (`Context.devices` > 1; the whole pass)   |   resharded: communication jax.jit lacked      |
 
 Random draws (`random_bits`, `threefry2x32`) are pure functions of their key: draws from the
 same key are the same value and merge; draws from different keys have different operands and
@@ -61,7 +63,17 @@ def _unmergeable(eqn, stateful_inside) -> str | None:
     return None
 
 
+PARTITIONED = ("the program is partitioned over {n} devices: XLA's SPMD partitioner picks a "
+               "sharding per use, and one merged value wanted in two shardings is resharded "
+               "(an all-gather where jax.jit recomputed; tests/test_sharding.py)")
+
+
 def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
+    devices = getattr(ctx, "devices", 1)
+    if devices > 1:
+        if ctx.report.counts.get(f"{NAME}.declined", 0) == 0:
+            ctx.report.declined(NAME, None, PARTITIONED.format(n=devices))
+        return cj, False
     keyer = shared_keyer(ctx)
     cache = getattr(ctx, "cache", None)  # per rewrite: a pure function of the jaxpr object
     memo: dict = {} if cache is None else cache.setdefault("cse.stateful", {})

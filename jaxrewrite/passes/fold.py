@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import _compat as C
 from .. import _walk
+from .._memo import array_key, memo
 
 NAME = "fold"
 
@@ -51,6 +52,7 @@ NOT_FOLDED = frozenset({
 
 # Results above this size that are one repeated value (or an iota) keep their equation.
 SPLAT_KEEP_SIZE = 64
+MEMO_SIZE = 256     # evaluations on values up to this size are memoised by value
 
 
 def _is_index_dtype(dtype) -> bool:
@@ -139,6 +141,7 @@ class _Folder:
         # object, and the next round sees most nested jaxprs again unchanged.
         cache = getattr(ctx, "cache", None)
         self.memo: dict = {} if cache is None else cache.setdefault("fold.memo", {})
+        self.cache = cache
 
     # -- a jaxpr (closed or open), memoised per object --
     def jaxpr(self, j):
@@ -163,13 +166,14 @@ class _Folder:
         env: dict = {}      # var -> literal (materialized folds)
         static: dict = {}   # var -> numpy value (every folded value, materialized or not)
         eqns, changed = [], False
-        for eqn in j.eqns:
+        calls = {i for i, subs in _walk.nested_eqns(j) if subs}
+        for i, eqn in enumerate(j.eqns):
             if env:
                 new_in = [_walk.substitute(a, env) for a in eqn.invars]
                 if any(a is not b for a, b in zip(new_in, eqn.invars)):
                     eqn = eqn.replace(invars=new_in)
                     changed = True
-            if _walk.has_subjaxprs(eqn) and any(True for _ in C.params_jaxprs(eqn.params)):
+            if i in calls:
                 rep = self.call(eqn, static)
                 if rep is not None:
                     new_eqns, outs = rep
@@ -229,16 +233,13 @@ class _Folder:
             if val is None:
                 return None
             vals.append(val)
-        outs = _numpy_eval(eqn, vals)
-        if outs is None:
-            try:
-                outs = C.eval_primitive_on_cpu(eqn.primitive, vals, eqn.params)
-            except Exception:  # noqa: BLE001 - a primitive we cannot evaluate now is simply kept
-                return None
-        for o, v in zip(outs, eqn.outvars):
-            if o.shape != tuple(v.aval.shape) or o.dtype != v.aval.dtype:
-                return None
-        return outs
+        key = None
+        if all(np.size(v) <= MEMO_SIZE for v in vals):
+            # Unrolled code folds the same index arithmetic once per iteration: evaluate once.
+            key = (eqn.primitive, tuple(eqn.params.items()), tuple(map(array_key, vals)),
+                   tuple((tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars))
+        return memo(self.cache if key is not None else None, "fold.eval", key,
+                    lambda: _evaluate(eqn, vals))
 
     # -- calls: recurse into bodies, specialise on literal arguments --
     def call(self, eqn, static):
@@ -324,6 +325,26 @@ class _Folder:
             return [], outs
         new = eqn.replace(invars=invars, outvars=outvars, params=params)
         return [new], outs
+
+
+def _evaluate(eqn, vals) -> list | None:
+    """`eqn` on static `vals` (numpy where bit-exact, else XLA on the CPU); None if it cannot be
+    evaluated now. The results are read-only: memoised results are shared."""
+    outs = _numpy_eval(eqn, vals)
+    if outs is None:
+        try:
+            outs = C.eval_primitive_on_cpu(eqn.primitive, vals, eqn.params)
+        except Exception:  # noqa: BLE001 - a primitive we cannot evaluate now is simply kept
+            return None
+    res = []
+    for o, v in zip(outs, eqn.outvars):
+        if o.shape != tuple(v.aval.shape) or o.dtype != v.aval.dtype:
+            return None
+        o = np.asarray(o)
+        if o.flags.writeable:
+            o.flags.writeable = False
+        res.append(o)
+    return res
 
 
 # --- numpy evaluation where it is bit-exact -----------------------------------------------------

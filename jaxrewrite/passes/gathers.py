@@ -28,16 +28,21 @@ Preconditions and declines (recorded with a reason, the original kept):
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 from jax import lax
 
 from .. import _compat as C
 from .. import _indexmap as IM
 from .. import _walk
+from .._memo import array_key, memo
 from .._report import Decline
 
 NAME = "gathers"
 PIECE_BUDGET = 32
+# Operand dims above this size that every window takes whole (a vmapped gather's batch) are left
+# out of the index map and passed through: the map stays the size of one window's permutation.
+WIDE_DIM = 64
 
 
 class _LaxOps:
@@ -73,42 +78,12 @@ def _reduced_mask(mask: np.ndarray):
     return np.array(small), dims  # (ascontiguousarray would make a 0-d mask 1-d)
 
 
-def _memo(ctx, kind: str, key, compute):
-    """`compute()`, memoised for this rewrite under a hashable `key` (its `Decline` too).
-
-    Index-map analysis is a pure function of shapes and index values; the same gather recurs in
-    every fixed-point round and, in unrolled code, in every iteration.
-    """
-    cache = getattr(ctx, "cache", None)
-    try:
-        hash(key)
-    except TypeError:
-        cache = None
-    if cache is None:
-        return compute()
-    memo = cache.setdefault(f"gathers.{kind}", {})
-    hit = memo.get(key)
-    if hit is None:
-        try:
-            hit = (True, compute())
-        except Decline as d:
-            hit = (False, str(d))
-        memo[key] = hit
-    if not hit[0]:
-        raise Decline(hit[1])
-    return hit[1]
-
-
-def _array_id(a: np.ndarray) -> tuple:
-    a = np.ascontiguousarray(a)
-    return (a.dtype.str, a.shape, a.tobytes())
-
-
 def _program(operand_shape, smap, ctx):
     allow = ctx.options.gathers == "all"
-    return _memo(ctx, "program", (tuple(operand_shape), _array_id(smap), allow, PIECE_BUDGET),
-                 lambda: IM.decompose(operand_shape, smap, allow_concat=allow,
-                                      piece_budget=PIECE_BUDGET))
+    return memo(getattr(ctx, "cache", None), "gathers.program",
+                (tuple(operand_shape), array_key(smap), allow, PIECE_BUDGET),
+                lambda: IM.decompose(operand_shape, smap, allow_concat=allow,
+                                     piece_budget=PIECE_BUDGET))
 
 
 def _moved(x, prog, fill_mask, fill_value):
@@ -171,14 +146,32 @@ def _gather(eqn, ctx, statics):
     if _size(xa) > limit or _size(out) > limit:
         raise Decline(f"operand or output above fold_limit={limit} elements")
     p = eqn.params
-    smap = _memo(ctx, "gather_map", (tuple(xa.shape), _array_id(idx), p["dimension_numbers"],
-                                      tuple(p["slice_sizes"]), p["mode"]),
-                 lambda: IM.gather_map(xa.shape, idx, p["dimension_numbers"], p["slice_sizes"],
-                                       p["mode"])).copy()
-    return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
+    dn, ss = p["dimension_numbers"], tuple(int(s) for s in p["slice_sizes"])
+    wide = IM.wide_window_dims(xa.shape, dn, ss, WIDE_DIM)
+    if wide:  # the map without the dims every window takes whole; those pass through
+        xs = tuple(1 if d in wide else s for d, s in enumerate(xa.shape))
+        ss = tuple(1 if d in wide else s for d, s in enumerate(ss))
+    else:
+        xs = tuple(xa.shape)
+    smap = memo(getattr(ctx, "cache", None), "gather_map",
+                (xs, array_key(idx), dn, ss, p["mode"]),
+                lambda: IM.gather_map(xs, idx, dn, ss, p["mode"])).copy()
+    if not wide:
+        return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
+    core_out = [s for j, s in enumerate(smap.shape) if j not in wide.values()]
+    core_in = tuple(s for d, s in enumerate(xa.shape) if d not in wide)
+    return _emit_moved(eqn, ctx, x, xa, smap.reshape(core_out), p.get("fill_value"),
+                       passthrough=(wide, core_in))
 
 
-def _emit_moved(eqn, ctx, x, xa, smap, fill_value):
+def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
+    """Emit the structural form of source map `smap`. `passthrough` = (wide, core shape): the
+    map covers only the core dims, and the operand dims in `wide` (operand dim → output dim)
+    pass through whole: the core program is applied under `vmap` over them.
+
+        before:  y = gather[65,536 x 16 map] x          (x: (65536, 16), rows pass through)
+        after:   y = vmap(program on a 16-entry map) x  (the same slices/revs, batched)
+    """
     fills = smap < 0
     fill_mask = fills if fills.any() else None
     if fill_mask is not None:
@@ -186,12 +179,42 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value):
             raise Decline("fill value of an extended dtype")
         if fill_value is None:
             raise Decline("FILL_OR_DROP gather without a fill value")
-    prog = _program(xa.shape, smap, ctx)
+    if passthrough is None:
+        prog = _program(xa.shape, smap, ctx)
+        fn = lambda v: _moved(v, prog, fill_mask, fill_value)  # noqa: E731
+    else:
+        wide, core_in = passthrough
+        prog = _program(core_in, smap, ctx)
+        fn = _batched(lambda v: _moved(v, prog, fill_mask, fill_value), wide, len(xa.shape))
     em = _walk.Emitter(eqn)
-    y, = em.call(lambda v: _moved(v, prog, fill_mask, fill_value), x)
+    y, = em.call(fn, x)
     _check_aval(eqn.outvars[0], y)
     ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
     return em.replacement([y])
+
+
+def _batched(fn, wide: dict, rank: int):
+    """`fn` on the core dims, mapped over the operand dims in `wide` (→ their output dims)."""
+    pairs = sorted(wide.items(), key=lambda dj: dj[1])   # by output position
+    front = [d for d, _ in pairs]
+    perm_in = front + [d for d in range(rank) if d not in wide]
+
+    def mapped(v):
+        f = fn
+        for _ in pairs:
+            f = jax.vmap(f)
+        if perm_in != list(range(rank)):
+            v = lax.transpose(v, perm_in)
+        y = f(v)
+        n = y.ndim
+        core = [j for j in range(n) if j not in wide.values()]
+        perm_out = [0] * n           # output dim j takes result dim perm_out[j]
+        for k, (_, j) in enumerate(pairs):
+            perm_out[j] = k
+        for k, j in enumerate(core):
+            perm_out[j] = len(pairs) + k
+        return y if perm_out == list(range(n)) else lax.transpose(y, perm_out)
+    return mapped
 
 
 def _check_aval(old, new_atom):

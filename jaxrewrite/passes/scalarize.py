@@ -42,6 +42,7 @@ round differently).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import numpy as np
@@ -49,8 +50,9 @@ import numpy as np
 from .. import _compat as C
 from .. import _autotune, _cost
 from .. import _walk
-from .._indexmap import gather_map, gather_source_coords
+from .._indexmap import gather_map, gather_source_coords, wide_window_dims
 from .._pieces import Builder, literal_like, objarray, rest_positions, rest_shape, shape_of
+from .._memo import array_key, memo
 from .._report import Decline
 
 PASS = "scalarize"
@@ -77,16 +79,29 @@ class Links:
 
 
 class _NodeFilter:
-    def __init__(self, costs):
+    """Which (var, axis) may be split; carries what the rules' analyses need (the size limit of
+    a static index map, and the rewrite's memo tables)."""
+
+    def __init__(self, costs, limit: int = 1 << 20, cache: dict | None = None):
         self.max_axis = costs.max_axis
+        self.limit = limit
+        self.cache = cache
+        self._axes: dict = {}   # var -> the axes it may be split along (asked once per var)
 
     def __call__(self, atom, d):
-        if C.is_literal(atom) or C.is_dropvar(atom):
+        if C.is_literal(atom):
             return None
-        s = shape_of(atom)[d]
-        if not 1 < s <= self.max_axis or _sharded(C.aval_of(atom), d):
-            return None
-        return (atom, d)
+        axes = self._axes.get(atom)
+        if axes is None:
+            axes = self._axes[atom] = self._splittable(atom)
+        return (atom, d) if d in axes else None
+
+    def _splittable(self, var) -> tuple:
+        if C.is_dropvar(var):
+            return ()
+        aval = C.aval_of(var)
+        return tuple(d for d, s in enumerate(shape_of(var))
+                     if 1 < s <= self.max_axis and not _sharded(aval, d))
 
 
 def _sharded(aval, d) -> bool:
@@ -396,36 +411,42 @@ class _GatherInfo:
     wide: dict            # operand dim → output dim, taken whole by every window, not mapped
 
 
-def _wide_window_dims(xs, dn, slice_sizes, big) -> dict:
-    """Operand dims every window takes whole (start 0, full size: passthrough by construction)
-    and too big to split: operand dim → output dim. The map is computed without them (a vmapped
-    gather over 65,536 rows needs a map of 16 entries, not of a million)."""
-    offset_dims = tuple(int(d) for d in dn.offset_dims)
-    skip = set(int(d) for d in dn.collapsed_slice_dims)
-    skip |= set(int(d) for d in getattr(dn, "operand_batching_dims", ()))
-    start_map = set(int(d) for d in dn.start_index_map)
-    window = [d for d in range(len(xs)) if d not in skip]
-    return {d: offset_dims[k] for k, d in enumerate(window)
-            if int(slice_sizes[d]) == xs[d] and d not in start_map and xs[d] > big}
-
-
-def gather_links(eqn, node, limit=1 << 20):
+def gather_links(eqn, node):
     """A gather with literal indices: passthrough dims link 1:1; moved dims are one seed group."""
     x, idx = eqn.invars
     if not C.is_literal(idx):
         return None
     out = eqn.outvars[0]
-    dn, ss = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
-    wide = _wide_window_dims(shape_of(x), dn, ss, node.max_axis)
+    dn, ss, mode = eqn.params["dimension_numbers"], eqn.params["slice_sizes"], eqn.params["mode"]
+    wide = wide_window_dims(shape_of(x), dn, ss, node.max_axis)
     xs = tuple(1 if d in wide else s for d, s in enumerate(shape_of(x)))
     ss = tuple(1 if d in wide else int(s) for d, s in enumerate(ss))
     os_ = tuple(1 if j in wide.values() else s for j, s in enumerate(shape_of(out)))
-    if int(np.prod(os_)) > limit or int(np.prod(os_)) == 0:
+    if math.prod(os_) > node.limit or math.prod(os_) == 0:
         return None
+    idx_val = np.asarray(C.literal_value(idx))
     try:
-        M = gather_map(xs, np.asarray(C.literal_value(idx)), dn, ss, eqn.params["mode"])
+        coords, valid, pairs = memo(node.cache, "scalarize.gather_pairs",
+                                    (xs, os_, array_key(idx_val), dn, ss, mode),
+                                    lambda: _gather_pairs(xs, os_, idx_val, dn, ss, mode))
     except Decline:
         return None
+    paired_in = {o for o, _ in pairs}
+    used_out = {j for _, j in pairs}
+    moved = ([node(x, o) for o in range(len(xs)) if o not in paired_in and xs[o] > 1]
+             + [node(out, j) for j in range(len(os_)) if j not in used_out and os_[j] > 1])
+    groups = [[node(x, o), node(out, j)] for o, j in pairs]
+    seeds = []
+    if moved and all(n is not None for n in moved):
+        groups.append(moved)
+        seeds = [moved[-1]]
+    return Links(_clean(groups), seeds=seeds, info=_GatherInfo(coords, valid, xs, os_, wide))
+
+
+def _gather_pairs(xs, os_, idx, dn, ss, mode):
+    """(source coords, valid mask, passthrough (operand dim, output dim) pairs) of a static
+    gather: a pure function of shapes, params and index values (memoised by the caller)."""
+    M = gather_map(xs, idx, dn, ss, mode)
     coords = gather_source_coords(xs, M)
     valid = M >= 0
     pairs, used_out = [], set()
@@ -438,15 +459,7 @@ def gather_links(eqn, node, limit=1 << 20):
                 pairs.append((o, j))
                 used_out.add(j)
                 break
-    paired_in = {o for o, _ in pairs}
-    moved = ([node(x, o) for o in range(len(xs)) if o not in paired_in and xs[o] > 1]
-             + [node(out, j) for j in range(len(os_)) if j not in used_out and os_[j] > 1])
-    groups = [[node(x, o), node(out, j)] for o, j in pairs]
-    seeds = []
-    if moved and all(n is not None for n in moved):
-        groups.append(moved)
-        seeds = [moved[-1]]
-    return Links(_clean(groups), seeds=seeds, info=_GatherInfo(coords, valid, xs, os_, wide))
+    return coords, valid, tuple(pairs)
 
 
 def gather_emit(b: Builder, eqn, info: _GatherInfo):
@@ -551,20 +564,19 @@ class Analysis:
     plan: _cost.ScalarizePlan | None
 
 
-def analyse(jaxpr, costs, limit) -> Analysis:
+def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
     # Only a mover can seed a split: a level without one (most levels, and every level a
     # previous round left with nothing to split) is done without linking its equations.
     if not any((r := RULES.get(e.primitive.name)) is not None and r.mover for e in jaxpr.eqns):
         return Analysis({}, {}, None)
-    node = _NodeFilter(costs)
+    node = _NodeFilter(costs, limit, cache)
     uf = _UnionFind()
     links, seeds = {}, []
     for i, eqn in enumerate(jaxpr.eqns):
         rule = RULES.get(eqn.primitive.name)
         if rule is None or C.has_effects(eqn):
             continue
-        lk = (rule.links(eqn, node, limit) if rule.links is gather_links
-              else rule.links(eqn, node))
+        lk = rule.links(eqn, node)
         if lk is None:
             continue
         links[i] = lk
@@ -609,7 +621,7 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
         ins = [a for a in eqn.invars if not C.is_literal(a)]
         split = any(v in chosen for v in outs) or any(a in chosen for a in ins)
         if i in links and split:
-            n = max((int(np.prod([shape_of(v)[d] for d in chosen.get(v, ())])) for v in outs),
+            n = max((math.prod([shape_of(v)[d] for d in chosen.get(v, ())]) for v in outs),
                     default=1)
             rule = RULES[eqn.primitive.name]
             moved = rule.mover and any(v in chosen for v in outs)
@@ -634,7 +646,7 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     joins = sum(1 for v in chosen if v in whole_use)
     mixed = sum(1 for v in piece_use & whole_use
                 if np.issubdtype(C.aval_of(v).dtype, np.inexact))
-    smallest = min((int(np.prod(shape_of(v))) // max(1, int(np.prod([shape_of(v)[d] for d in a])))
+    smallest = min((math.prod(shape_of(v)) // max(1, math.prod([shape_of(v)[d] for d in a]))
                     for v, a in chosen.items()), default=0)
     return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest)
 
@@ -662,10 +674,16 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
         after:   c = gather[literal indices] b
     A nested call is only a call: inlining it inside the same `jax.jit` changes no value.
     """
+    candidates = {i for i, _ in _walk.nested_eqns(jaxpr)}
+    if not candidates:  # no call at this level: nothing to inline (most levels)
+        return jaxpr
     eqns, env, changed = [], {}, False
-    for eqn in jaxpr.eqns:
-        eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
-        inner = eqn.params.get("jaxpr") if C.is_jit(eqn) else None
+    for i, eqn in enumerate(jaxpr.eqns):
+        if env:
+            new_in = [_walk.substitute(a, env) for a in eqn.invars]
+            if any(a is not b for a, b in zip(new_in, eqn.invars)):
+                eqn = eqn.replace(invars=new_in)
+        inner = eqn.params.get("jaxpr") if i in candidates and C.is_jit(eqn) else None
         if (inner is None or not _plain_call(eqn) or len(inner.jaxpr.eqns) > max_eqns
                 or not _has_static_gather(inner)
                 or not all(C.is_foldable_const(c) for c in inner.consts)):
@@ -754,7 +772,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     its hard limits (`_cost.scalarize_limit`) always stand."""
     target = ctx.target
     costs = _cost.costs(target)
-    an = analyse(jaxpr, costs, ctx.options.fold_limit)
+    an = analyse(jaxpr, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
     if an.plan is None:
         return jaxpr, False
     first = jaxpr.eqns[0] if jaxpr.eqns else None

@@ -1,0 +1,44 @@
+"""Memo tables for one rewrite: pure analyses of static values (index maps, decompositions).
+
+An index-map analysis is a pure function of shapes, params and index values; the same gather
+recurs in every fixed-point round, in every iteration of unrolled code, and in more than one pass
+(gathers and scalarize both read a gather's source map). Keys are values, never `id`s.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ._report import Decline
+
+
+def memo(cache: dict | None, kind: str, key, compute: Callable[[], Any]):
+    """`compute()`, memoised in `cache` (a rewrite's `Context.cache`) under `(kind, key)`.
+
+    A `Decline` is memoised too and raised again on a hit. Without a cache, or with an
+    unhashable key, `compute()` simply runs.
+    """
+    if cache is None:
+        return compute()
+    try:
+        hash(key)
+    except TypeError:
+        return compute()
+    table = cache.setdefault(f"memo.{kind}", {})
+    hit = table.get(key)
+    if hit is None:
+        try:
+            hit = (True, compute())
+        except Decline as d:
+            hit = (False, str(d))
+        table[key] = hit
+    if not hit[0]:
+        raise Decline(hit[1])
+    return hit[1]
+
+
+def array_key(a) -> tuple:
+    """A hashable key for an array's value: dtype, shape and bytes."""
+    a = np.ascontiguousarray(a)
+    return (a.dtype.str, a.shape, a.tobytes())
