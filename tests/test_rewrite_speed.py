@@ -1,5 +1,6 @@
 """The rewrite's own cost: the pipeline does not re-run a pass on a program it already left
-unchanged without recording anything, and does re-run one that recorded something."""
+unchanged without recording anything, and does re-run one that recorded something; a change
+wakes only the passes it can create work for (`PassSpec.enables`)."""
 import jax
 import jax.numpy as jnp
 
@@ -54,3 +55,46 @@ def test_rewrite_result_and_report_unchanged_by_the_skip():
                             extra_passes=((QUIET, quiet), (NOISY, noisy)))
     assert not res.changed and count_eqns(res.jaxpr) == count_eqns(cj)
     assert res.report.counts["noisy.looked"] == 1 and res.report.counts["pipeline.rounds"] == 1
+
+
+def _wake_passes(enables):
+    """A counting pass, a pass that changes the program once (waking `enables`), a counter."""
+    runs = {"first": 0, "changer": 0, "last": 0}
+
+    def first(cj, ctx):
+        runs["first"] += 1
+        return cj, False
+
+    def changer(cj, ctx):
+        runs["changer"] += 1
+        if runs["changer"] == 1:  # a new program object, as a real rewrite makes
+            return jax.make_jaxpr(lambda x: jnp.sin(x) * 3)(jnp.ones(3)), True
+        return cj, False
+
+    def last(cj, ctx):
+        runs["last"] += 1
+        return cj, False
+
+    specs = [_pipeline.PassSpec("first_for_test", "dedup", True),
+             _pipeline.PassSpec("changer_for_test", "dedup", True, enables=enables),
+             _pipeline.PassSpec("last_for_test", "dedup", True)]
+    return runs, list(zip(specs, (first, changer, last)))
+
+
+def test_a_change_wakes_only_the_passes_it_can_create_work_for():
+    runs, passes = _wake_passes(enables=("last_for_test",))
+    ctx = _pipeline.Context(Options.make(**_NO_PASSES), Report())
+    _pipeline._run(_program(), ctx, passes)
+    # the change woke `last` (after it, same round); `first` and `changer` did not run again
+    assert runs == {"first": 1, "changer": 1, "last": 1}
+    assert ctx.report.counts["pipeline.rounds"] == 1
+
+
+def test_a_change_by_default_wakes_every_pass():
+    runs, passes = _wake_passes(enables=None)
+    ctx = _pipeline.Context(Options.make(**_NO_PASSES), Report())
+    _pipeline._run(_program(), ctx, passes)
+    # round 2: `first` (before the change) and `changer` (its own output) run again; `last`
+    # already ran after the change, and nothing changed since
+    assert runs == {"first": 2, "changer": 2, "last": 1}
+    assert ctx.report.counts["pipeline.rounds"] == 2
