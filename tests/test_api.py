@@ -588,3 +588,26 @@ def test_wrappers_of_wrapped_functions_are_not_shared():
     assert_bitwise_equal(og(w), jax.jit(g)(w))
     assert_bitwise_equal(of(w), jax.jit(f)(w))
     assert jaxrewrite.optimize(g) is og
+
+
+def test_optimized_program_in_jits_trace_keeps_lines_names_and_effects():
+    """The rewritten jaxpr is emitted into jax.jit's trace equation by equation (not re-bound):
+    each equation keeps its source line and name stack, and effects stay in order."""
+    def f(x):
+        with jax.named_scope("block"):
+            y = jnp.sin(x) * 2  # THE-LINE
+        jax.debug.print("y={}", y, ordered=True)
+        return y
+
+    line = next(i for i, s in enumerate(inspect.getsource(f).splitlines()) if "THE-LINE" in s)
+    want = f"test_api.py:{f.__code__.co_firstlineno + line}"
+    x = jnp.ones(2)
+    outer = jaxrewrite.optimize(f).trace(x).jaxpr
+    ref = jax.jit(f).trace(x).jaxpr
+    (sin,) = _eqns_named(outer, "sin")
+    (ref_sin,) = _eqns_named(ref, "sin")
+    assert C.user_location(sin) == want
+    assert sin.source_info.name_stack == ref_sin.source_info.name_stack
+    assert outer.effects == ref.effects
+    assert [e.primitive.name for e in outer.jaxpr.eqns if e.effects] == \
+        [e.primitive.name for e in ref.jaxpr.eqns if e.effects]
