@@ -105,7 +105,8 @@ def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):
             new_in = [_walk.substitute(a, env) for a in eqn.invars]
             if any(a is not b for a, b in zip(new_in, eqn.invars)):
                 eqn = eqn.replace(invars=new_in)
-        in_keys = tuple(keyer.literal(a) if C.is_literal(a) else _VarKey(a) for a in eqn.invars)
+        # A variable is its own key (jax's Var hashes and compares by identity); literals by value.
+        in_keys = tuple(keyer.literal(a) if C.is_literal(a) else a for a in eqn.invars)
         # Bucketed by (primitive, operands) first: most equations share that with none before
         # them, and their full key (params, avals, ...) is then never needed.
         bucket = seen.get((eqn.primitive, in_keys))
@@ -143,17 +144,3 @@ def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):
         return jaxpr, 0
     outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
     return C.replace_jaxpr(jaxpr, eqns=eqns, outvars=outvars), hits
-
-
-class _VarKey:
-    """An operand variable in a CSE key: equal only to the same variable."""
-    __slots__ = ("v",)
-
-    def __init__(self, v):
-        self.v = v
-
-    def __hash__(self):
-        return id(self.v)
-
-    def __eq__(self, other):
-        return isinstance(other, _VarKey) and other.v is self.v
