@@ -55,6 +55,12 @@ class TargetCosts:
     # `max_launch_growth` (nested stacks on ChaCha20: 16 -> 149 fusions, compile 5 s -> 40 s).
     counts_decide: bool = True
     max_launch_growth: float = float("inf")
+    # Static scatters (passes/gathers.py) may use a concatenate form of at most this many pieces
+    # by default (0: only with gathers="all"). GPU: a scatter is a copy of the operand plus a
+    # scatter kernel; the select form over one small concatenate fuses into one kernel (H200,
+    # `x.at[:, idx].set(0.0)`: 2 -> 1 kernels, bench/gathers.py). CPU: the concatenate form ran
+    # slower than the scatter there (1.7x), so the CPU keeps the scatter.
+    scatter_concat_pieces: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -66,7 +72,7 @@ COSTS: dict[str, TargetCosts] = {
     # records it (`scalarize.fusion_trade`: pieces whose re-joins cost a loop each).
     "cpu": TargetCosts(16, 16, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
                        counts_decide=False, max_launch_growth=4.0),
-    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000),
+    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
 }

@@ -336,3 +336,13 @@ def test_batched_gather_map_is_the_size_of_one_window(monkeypatch):
     fn = jax.vmap(lambda r: r[perm])
     jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(fn)(x), **OPTS)
     assert sizes and max(sizes) == 16
+
+
+def test_static_scatter_concatenate_form_is_the_gpu_default_only():
+    """GPU row of the cost model: a static scatter becomes a select over a small concatenate
+    (H200: 2 kernels -> 1, tests/test_kernels_gpu.py); the CPU keeps the scatter."""
+    fn = lambda x: x.at[:, np.array([1, 5, 9])].set(-0.0)  # noqa: E731
+    x = np.arange(64.0, dtype=np.float32).reshape(4, 16)
+    gpu = _rewritten(fn, x, target="gpu")
+    assert "scatter" not in gpu and gpu.get("concatenate", 0) == 1
+    assert "scatter" in _counts(fn, x, target="cpu")

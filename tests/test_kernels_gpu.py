@@ -93,3 +93,12 @@ def test_autotune_deviceless_from_cpu_process(tmp_path, monkeypatch):
     compiles = _autotune.COMPILES
     assert kernels(f, autotune=True) == tuned
     assert _autotune.COMPILES == compiles          # cached: nothing compiled again
+
+
+def test_static_scatter_on_the_gpu_is_one_kernel_instead_of_copy_and_scatter():
+    """The GPU row's default (`scatter_concat_pieces`): a select over one small concatenate."""
+    fn = lambda x: x.at[:, np.array([1, 5, 9])].set(0.0)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((4096, 16), jnp.float32)
+    assert jit_kernels(fn, spec) == 2      # a copy of the operand, then the scatter
+    assert kernels(fn, spec) == 1
+    assert kernels(fn, spec, gathers=False) == 2

@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from .. import _compat as C
+from .. import _cost
 from .. import _indexmap as IM
 from .. import _walk
 from .._memo import array_key, memo
@@ -78,12 +79,15 @@ def _reduced_mask(mask: np.ndarray):
     return np.array(small), dims  # (ascontiguousarray would make a 0-d mask 1-d)
 
 
-def _program(operand_shape, smap, ctx):
-    allow = ctx.options.gathers == "all"
+def _program(operand_shape, smap, ctx, concat_pieces: int = 0):
+    """The structural program of `smap`. Concatenate forms: with gathers="all" (up to
+    PIECE_BUDGET pieces), else only where the caller's cost-model row allows `concat_pieces`."""
+    allow = ctx.options.gathers == "all" or concat_pieces > 0
+    budget = PIECE_BUDGET if ctx.options.gathers == "all" else concat_pieces
     return memo(getattr(ctx, "cache", None), "gathers.program",
-                (tuple(operand_shape), array_key(smap), allow, PIECE_BUDGET),
+                (tuple(operand_shape), array_key(smap), allow, budget),
                 lambda: IM.decompose(operand_shape, smap, allow_concat=allow,
-                                     piece_budget=PIECE_BUDGET))
+                                     piece_budget=budget))
 
 
 def _moved(x, prog, fill_mask, fill_value):
@@ -325,7 +329,8 @@ def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok):
             maps[occ[t]][t] = s_
             occ[t] += 1
         layers = [m.reshape(xa.shape) for m in maps]
-    progs = [(_program(ua.shape, m, ctx), m >= 0) for m in layers]
+    concat = _cost.costs(ctx.target).scatter_concat_pieces  # the target's default (GPU: some)
+    progs = [(_program(ua.shape, m, ctx, concat), m >= 0) for m in layers]
     em = _walk.Emitter(eqn)
 
     def build(xv, uv):
