@@ -138,9 +138,13 @@ def elementwise_links(eqn, node) -> Links | None:
         return None
     if not shape:  # rank 0 (e.g. the pieces of an already split level): no axis to link
         return Links([])
-    full = [a for a, s in zip(eqn.invars, shapes) if s == shape]
-    return Links(_clean([[node(out, d)] + [node(a, d) for a in full]
-                         for d in range(len(shape))]))
+    full = [out] + [a for a, s in zip(eqn.invars, shapes) if s == shape]
+    groups = []
+    for d in range(len(shape)):
+        g = [n for n in (node(a, d) for a in full) if n is not None]
+        if g:
+            groups.append(g)
+    return Links(groups)
 
 
 def elementwise_emit(b: Builder, eqn, info):
@@ -571,19 +575,24 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
         return Analysis({}, {}, None)
     node = _NodeFilter(costs, limit, cache)
     uf = _UnionFind()
+    union = uf.union
     links, seeds = {}, []
+    get_rule = RULES.get
     for i, eqn in enumerate(jaxpr.eqns):
-        rule = RULES.get(eqn.primitive.name)
-        if rule is None or C.has_effects(eqn):
+        rule = get_rule(eqn.primitive.name)
+        if rule is None or (eqn.effects and C.has_effects(eqn)):
             continue
         lk = rule.links(eqn, node)
         if lk is None:
             continue
         links[i] = lk
         for g in lk.groups:
-            uf.union(g)
+            if len(g) > 1:  # a group of one links nothing
+                union(g)
         seeds.extend(lk.seeds)
     members: dict = {}
+    for g in (g for lk in links.values() for g in lk.groups if len(g) == 1):
+        uf.find(g[0])  # lone nodes are components of their own
     for n in list(uf.parent):
         members.setdefault(uf.find(n), []).append(n)
     accepted, pieces = set(), {}
@@ -616,11 +625,15 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     after = 0
     split_eqns = []          # (ins, outs, kind) with kind 'mover', 'moves' or 'compute'
     piece_use, whole_use = set(), set()
+    Lit, Drop = C.Literal, C.DropVar   # (isinstance inline: this loop sees every equation)
     for i, eqn in enumerate(jaxpr.eqns):
-        outs = [v for v in eqn.outvars if not C.is_dropvar(v)]
-        ins = [a for a in eqn.invars if not C.is_literal(a)]
-        split = any(v in chosen for v in outs) or any(a in chosen for a in ins)
-        if i in links and split:
+        ins = [a for a in eqn.invars if not isinstance(a, Lit)]
+        if i not in links:
+            after += 1
+            whole_use.update(ins)
+            continue
+        outs = [v for v in eqn.outvars if not isinstance(v, Drop)]
+        if any(v in chosen for v in outs) or any(a in chosen for a in ins):
             n = max((math.prod([shape_of(v)[d] for d in chosen.get(v, ())]) for v in outs),
                     default=1)
             rule = RULES[eqn.primitive.name]
