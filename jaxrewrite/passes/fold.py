@@ -31,6 +31,7 @@ Rules (each a row below):
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -223,7 +224,7 @@ class _Folder:
             a = v.aval
             if not hasattr(a, "dtype") or not _is_index_dtype(a.dtype):
                 return None
-            if int(np.prod(a.shape, dtype=np.int64)) > self.limit:
+            if math.prod(a.shape) > self.limit:
                 return None
         vals = []
         for a in eqn.invars:
