@@ -6,10 +6,17 @@ Rows (one process, paired medians; ratios against jax.jit or the hand-written sc
   `optimize(f)` vs `jax.jit(f)`, bit-identical results.
 * `stack-grad`: `jax.grad(optimize(stack, reroll=True))` of an N-layer pre-norm transformer
   stack (4 heads, causal attention, GELU MLP, `jax.checkpoint` per layer, layers in a Python
-  loop) vs `jax.grad(jax.jit(stack))` and vs a hand-written `lax.scan` over stacked parameters:
-  seconds from `.lower()` to compiled, run time, temp memory (`memory_analysis()`), max relative
-  difference and bit-identity of the gradients.
+  loop) vs `jax.grad(jax.jit(stack))` and vs a hand-written `lax.scan` over stacked parameters
+  (`scan`) or over the per-layer list stacked inside (`list_scan`): seconds from `.lower()` to
+  compiled, run time, temp memory (`memory_analysis()`), max relative difference and
+  bit-identity of the gradients. (XLA:CPU compiles one kernel per output slice of a stacked
+  gradient, N x leaves of them: what keeps the list-input forms behind `scan`.)
 * `grad-stack`: the same for `optimize(jax.grad(stack), reroll=True)`.
+
+* `inline loop`: the seed's loop of `jax.jit(body, inline=True)` calls (no call left in the
+  jaxpr), `optimize(f, reroll=True)` vs `jax.jit(f)`: the repeated inline code is outlined and
+  rolled (`passes/outline.py`). Compile (lower to compiled) and run ratios, scans made, max
+  relative difference.
 
 * GPU launches (`--gpu-target h200`, needs the gpu-aot extra and JAX_PLATFORMS=cpu): kernel
   launches per call of the stack's gradient, unrolled vs rolled with `unroll=` 1, 2, 4, N
@@ -28,9 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 try:
-    from _common import mlir_functions, paired, paired_phases
+    from _common import calls_per_sample, mlir_functions, paired, paired_calls, paired_phases
 except ImportError:  # imported as bench.dedup
-    from bench._common import mlir_functions, paired, paired_phases
+    from bench._common import (calls_per_sample, mlir_functions, paired, paired_calls,
+                               paired_phases)
 
 import jaxrewrite
 
@@ -39,7 +47,7 @@ CLOSURE_COLUMNS = ("case", "N", "fn_jit", "fn_opt", "trace_lower_jit_s", "trace_
                    "trace_lower_ratio", "bit_identical")
 STACK_COLUMNS = ("case", "N", "compile_jit_s", "compile_opt_s", "compile_scan_s",
                  "compile_list_scan_s", "compile_speedup", "scan_speedup", "list_scan_speedup", "run_ratio_vs_jit", "run_scan_vs_jit", "temp_mb_jit", "temp_mb_opt",
-                 "temp_mb_scan", "params_mb", "max_rel_diff", "bit_identical")
+                 "temp_mb_scan", "temp_mb_list_scan", "params_mb", "max_rel_diff", "bit_identical")
 
 
 # --- fresh closures ----------------------------------------------------------------------------
@@ -214,13 +222,40 @@ def stack_rows(n: int, d: int, t: int, repeats: int) -> list[dict]:
             list_scan_speedup=ct["jit"] / ct["list_scan"],
             run_ratio_vs_jit=run[k] / run["jit"], run_scan_vs_jit=run["scan"] / run["jit"],
             temp_mb_jit=(_temp_bytes(comp["jit"]) or 0) / 2**20, temp_mb_opt=(tb or 0) / 2**20,
-            temp_mb_scan=(_temp_bytes(comp["scan"]) or 0) / 2**20, params_mb=param_bytes / 2**20,
+            temp_mb_scan=(_temp_bytes(comp["scan"]) or 0) / 2**20,
+            temp_mb_list_scan=(_temp_bytes(comp["list_scan"]) or 0) / 2**20,
+            params_mb=param_bytes / 2**20,
             max_rel_diff=_rel(out, ref), bit_identical=_bits_equal(out, ref)))
     return rows
 
 
+# --- inline code, outlined and rolled -------------------------------------------------------------
+
+def inline_loop_row(repeats: int) -> dict:
+    try:
+        from seed import loop_program  # bench/seed.py: the report's program
+    except ImportError:  # imported as bench.dedup
+        from bench.seed import loop_program
+    fn = loop_program("inline")
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)), jnp.float32) * 0.1
+    make = {"jit": lambda: jax.jit(fn), "opt": lambda: jaxrewrite.optimize(fn, reroll=True)}
+    ph = paired_phases(make, (x,), repeats=repeats)
+    comp = {k: ph[k]["compiled"] for k in make}
+    inner = calls_per_sample(comp["jit"], x, 0.02, cap=200)
+    run = paired_calls({k: (lambda c=c: c(x)) for k, c in comp.items()}, repeats=repeats * 2 + 1,
+                       inner=inner)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(x), reroll=True)
+    tl = {k: ph[k]["lower"] + ph[k]["compile"] for k in make}  # from .lower() to compiled
+    return dict(case="inline loop", N=10, compile_ratio=tl["opt"] / tl["jit"],
+                run_ratio=run["opt"] / run["jit"],
+                scans=sum(1 for e in res.jaxpr.jaxpr.eqns if e.primitive.name == "scan"),
+                outlined_runs_rolled=res.report.counts.get("reroll.outlined_runs_rolled", 0),
+                max_rel_diff=_rel(comp["opt"](x), comp["jit"](x)))
+
+
 def main(quick: bool = False, gpu_target: str | None = None) -> list[dict]:
-    rows = []
+    rows = [inline_loop_row(3 if quick else 5)]
+    _progress(rows[-1])
     ns = (8, 16, 50) if quick else (8, 16, 32, 50, 64)
     for n in ns:
         rows.append(closures_row(n, repeats=3 if quick else 5))
@@ -294,6 +329,8 @@ def _cli():
     quick = "--quick" in sys.argv[1:]
     gpu = sys.argv[sys.argv.index("--gpu-target") + 1] if "--gpu-target" in sys.argv else None
     rows = main(quick, gpu)
+    print(markdown_table([r for r in rows if r["case"] == "inline loop"]))
+    print()
     print(markdown_table([r for r in rows if r["case"] == "closures"], CLOSURE_COLUMNS))
     print()
     print(markdown_table([r for r in rows if r["case"].startswith("grad of")]))

@@ -111,6 +111,15 @@ def closed(jaxpr: Jaxpr, consts: Sequence = ()) -> ClosedJaxpr:
     return ClosedJaxpr(jaxpr, list(consts))
 
 
+def new_jaxpr(invars, eqns, outvars, name: str = "jaxrewrite") -> Jaxpr:
+    """A jaxpr of `eqns` (no constvars), effects joined from the equations; `name` is what its
+    debug info says it was traced for."""
+    effs = _core.join_effects(*(e.effects for e in eqns)) if eqns else _core.no_effects
+    di = _core.DebugInfo("jaxrewrite", name, tuple("" for _ in invars),
+                         tuple("" for _ in outvars))
+    return Jaxpr([], list(invars), list(outvars), list(eqns), effs, di)
+
+
 def replace_jaxpr(jaxpr: Jaxpr, **kw) -> Jaxpr:
     """`Jaxpr.replace`, recomputing effects from the equations when they change."""
     if "eqns" in kw and "effects" not in kw:

@@ -61,6 +61,12 @@ class TargetCosts:
     # `x.at[:, idx].set(0.0)`: 2 -> 1 kernels, bench/gathers.py). CPU: the concatenate form ran
     # slower than the scatter there (1.7x), so the CPU keeps the scatter.
     scatter_concat_pieces: int = 0
+    # Re-rolling (passes/reroll.py): read per-layer operands from their list inside the loop
+    # instead of stacking a copy (the parameters, alive through the backward loop). CPU: temp
+    # memory of the N=24 stack's gradient 9.19 -> 4.69 MB at the same run time (+5% compile).
+    # GPU/TPU: the `cond` that reads a row syncs its index to the host each step; not measured,
+    # so they keep the stacked form.
+    reroll_list_read: bool = False
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -71,7 +77,7 @@ COSTS: dict[str, TargetCosts] = {
     # fusions 7 -> 16 and compile time to ~2.4x jax.jit's, and runs ~3x faster; the report
     # records it (`scalarize.fusion_trade`: pieces whose re-joins cost a loop each).
     "cpu": TargetCosts(16, 16, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
-                       counts_decide=False, max_launch_growth=4.0),
+                       counts_decide=False, max_launch_growth=4.0, reroll_list_read=True),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),

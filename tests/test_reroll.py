@@ -30,6 +30,17 @@ def _top(cj, name):
     return sum(1 for e in cj.jaxpr.eqns if e.primitive.name == name)
 
 
+def _scans(cj):
+    """The rolled scans at the top level: bare, or the one inside a list-reading `custom_jvp`."""
+    out = []
+    for e in cj.jaxpr.eqns:
+        if e.primitive.name == "scan":
+            out.append(e)
+        elif e.primitive.name == "custom_jvp_call":
+            out.extend(s for s in e.params["call_jaxpr"].jaxpr.eqns if s.primitive.name == "scan")
+    return out
+
+
 def _layer(w, x):
     return jnp.tanh(x @ w) + x
 
@@ -52,7 +63,7 @@ def test_fresh_jit_closures_roll_into_one_scan():
         return x
     x = jnp.linspace(0, 1, 8)
     cj, report = _rewrite(f, x, reroll=True)
-    assert _top(cj, "scan") == 1 and _top(cj, "jit") == 0
+    assert len(_scans(cj)) == 1 and _top(cj, "jit") == 0
     assert report.stats["reroll.lengths"] == [6]
     assert_equivalent(f, x, reroll=True, rtol=RTOL)
 
@@ -60,7 +71,7 @@ def test_fresh_jit_closures_roll_into_one_scan():
 def test_checkpoint_stack_with_per_layer_weights():
     ws, x = _weights(5), jnp.ones((2, 4))
     cj, report = _rewrite(_stack, ws, x, reroll=True)
-    assert _top(cj, "scan") == 1 and _top(cj, C.remat_p.name) == 0
+    assert len(_scans(cj)) == 1 and _top(cj, C.remat_p.name) == 0
     assert report.counts["reroll.chains"] == 1
     assert_equivalent(_stack, ws, x, reroll=True, rtol=RTOL)
 
@@ -80,7 +91,7 @@ def test_optimize_of_grad_rolls_the_backward_chain():
     ws, x = _weights(6), jnp.ones((3, 4))
     g = jax.grad(_stack)
     cj, report = _rewrite(g, ws, x, reroll=True)
-    assert report.counts["reroll.chains"] >= 1 and _top(cj, "scan") >= 1
+    assert report.counts["reroll.chains"] >= 1 and len(_scans(cj)) >= 1
     assert _top(cj, C.remat_p.name) < 6
     got, want = jaxrewrite.optimize(g, reroll=True)(ws, x), jax.jit(g)(ws, x)
     for a, b in zip(got, want):
@@ -98,7 +109,7 @@ def test_per_layer_literals_are_lifted_into_xs():
     x, key = jnp.zeros(4), jax.random.key(1)
     for fold in (False, True):  # fold specialises each body to its index: reroll lifts it back
         cj, _ = _rewrite(f, x, key, reroll=True, fold=fold)
-        assert _top(cj, "scan") == 1
+        assert len(_scans(cj)) == 1
         scan = next(e for e in cj.jaxpr.eqns if e.primitive.name == "scan")
         lits = [a for a in scan.invars if C.is_literal(a)]
         assert lits and np.asarray(C.literal_value(lits[0])).ravel().tolist() == [0, 1, 2, 3, 4]
@@ -114,7 +125,7 @@ def test_intermediate_results_come_out_as_ys():
         return x, outs[1] * 2, outs[0]
     x = jnp.linspace(0, 1, 3)
     cj, _ = _rewrite(f, x, reroll=True)
-    assert _top(cj, "scan") == 1
+    assert len(_scans(cj)) == 1
     assert_equivalent(f, x, reroll=True, rtol=RTOL)
 
 
@@ -124,9 +135,9 @@ def test_min_length_default_off_and_effects():
             x = jax.jit(lambda s: s * 2.0)(x)
         return x
     x = jnp.ones(2)
-    assert _top(_rewrite(f, x)[0], "scan") == 0                     # reroll=False by default
-    assert _top(_rewrite(f, x, reroll=4)[0], "scan") == 0           # chain shorter than 4
-    assert _top(_rewrite(f, x, reroll=3)[0], "scan") == 1
+    assert len(_scans(_rewrite(f, x)[0])) == 0                     # reroll=False by default
+    assert len(_scans(_rewrite(f, x, reroll=4)[0])) == 0           # chain shorter than 4
+    assert len(_scans(_rewrite(f, x, reroll=3)[0])) == 1
 
     log = []
 
@@ -136,7 +147,7 @@ def test_min_length_default_off_and_effects():
                                               jax.ShapeDtypeStruct((2,), jnp.float32), s * 2,
                                               ordered=True))(x)
         return x
-    assert _top(_rewrite(g, x, reroll=True)[0], "scan") == 0        # effects: never rolled
+    assert len(_scans(_rewrite(g, x, reroll=True)[0])) == 0        # effects: never rolled
     jaxrewrite.optimize(g, reroll=True)(x)
     jax.effects_barrier()
     assert log == [1] * 4
@@ -188,7 +199,7 @@ def test_random_chains(n, per_layer_weights, use_checkpoint, min_len):
     x = jnp.linspace(-1, 1, 6).reshape(2, 3)
     cj, report = _rewrite(f, ws, x, reroll=min_len)
     expect_rolled = n >= min_len
-    assert (_top(cj, "scan") == 1) == expect_rolled
+    assert (len(_scans(cj)) == 1) == expect_rolled
     if expect_rolled:
         assert report.stats["reroll.lengths"] == [n]
     assert_equivalent(f, ws, x, reroll=min_len, rtol=RTOL, vmap=False)
@@ -201,12 +212,96 @@ def test_backward_chain_reads_forward_residuals_in_reverse():
         return (x * x).sum()
     ws, x = _weights(5), jnp.ones((2, 4))
     g = jax.grad(f)
-    cj, report = _rewrite(g, ws, x, reroll=True)
-    scans = [e for e in cj.jaxpr.eqns if e.primitive.name == "scan"]
-    assert report.counts["reroll.chains"] == 2 and len(scans) == 2
-    assert [s.params["reverse"] for s in scans] == [False, True]
-    # one stacked copy of the weights (the forward's); the backward slices it and the residuals
-    assert _top(cj, "stack") + _top(cj, "concatenate") == 1
-    got, want = jaxrewrite.optimize(g, reroll=True)(ws, x), jax.jit(g)(ws, x)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+    for target, stacks in (("gpu", 1), ("cpu", 0)):
+        cj, report = _rewrite(g, ws, x, reroll=True, target=target)
+        scans = _scans(cj)
+        assert report.counts["reroll.chains"] == 2 and len(scans) == 2
+        assert [s.params["reverse"] for s in scans] == [False, True]
+        # stacked form: one stacked copy of the weights (the forward's), the backward slices it
+        # and the residuals; list form (CPU): no stacked copy, both loops read the list
+        assert _top(cj, "stack") + _top(cj, "concatenate") == stacks
+        got, want = jaxrewrite.optimize(g, reroll=True, target=target)(ws, x), jax.jit(g)(ws, x)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+
+
+# --- list form (CPU): per-layer operands read from their list, no stacked copy -----------------
+
+def _prims(cj) -> dict:
+    return primitive_counts(cj)
+
+
+def test_list_form_structure():
+    ws, x = _weights(5), jnp.ones((2, 4))
+    cj, _ = _rewrite(_stack, ws, x, reroll=True, target="cpu")
+    (cjvp,) = [e for e in cj.jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
+    assert cjvp.invars[-5:] == cj.jaxpr.invars[:5]            # the weights, as they are
+    (scan,) = _scans(cj)
+    body = scan.params["jaxpr"].jaxpr
+    (remat,) = [e for e in body.eqns if e.primitive.name == C.remat_p.name]
+    # the read: inside the remat (re-read in the backward loop, not saved), a custom_jvp over
+    # one switch with a branch per layer
+    (read,) = [e for e in remat.params["jaxpr"].eqns if e.primitive.name == "custom_jvp_call"]
+    (cond,) = [e for e in read.params["call_jaxpr"].jaxpr.eqns if e.primitive.name == "cond"]
+    assert len(cond.params["branches"]) == 5
+    assert [v.aval for v in read.outvars] == [jax.typeof(ws[0])]     # one row: one position
+    assert _prims(cj).get("stack", 0) + _prims(cj).get("concatenate", 0) == 0
+    # under grad, the only stacking is of the tangents: one stack, transposed into one unstack
+    g = jax.make_jaxpr(jax.grad(jaxrewrite.optimize(_stack, reroll=True, target="cpu")))(ws, x)
+    counts = primitive_counts(g)
+    assert counts.get("stack", 0) + counts.get("concatenate", 0) == 0
+    assert counts.get("unstack", 0) == 1
+    # stacked form elsewhere
+    cj_gpu, _ = _rewrite(_stack, ws, x, reroll=True, target="gpu")
+    assert _top(cj_gpu, "scan") == 1 and _top(cj_gpu, "custom_jvp_call") == 0
+    assert _prims(cj_gpu).get("stack", 0) == 1
+
+
+def test_list_form_long_chain_keeps_stacked_form():
+    n = int((reroll.LIST_READ_LIMIT) ** 0.5) + 1
+    ws, x = [jnp.eye(2) * (1 + 1e-3 * i) for i in range(n)], jnp.ones((1, 2))
+    cj, _ = _rewrite(_stack, ws, x, reroll=True, target="cpu")
+    assert _top(cj, "scan") == 1 and _top(cj, "custom_jvp_call") == 0
+
+
+def test_list_form_under_transformations():
+    ws, x = _weights(4), jnp.linspace(-1, 1, 8).reshape(2, 4)
+    opt = jaxrewrite.optimize(_stack, reroll=True, target="cpu")
+
+    def close(a, b):
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_allclose(u, v, rtol=RTOL, atol=RTOL)
+    close(jax.grad(opt, argnums=(0, 1))(ws, x), jax.grad(_stack, argnums=(0, 1))(ws, x))
+    close(jax.grad(opt, argnums=1)(ws, x), jax.grad(_stack, argnums=1)(ws, x))  # ws: no tangent
+    close(jax.jacfwd(opt)(ws, x), jax.jacfwd(_stack)(ws, x))
+    close(jax.jacrev(opt)(ws, x), jax.jacrev(_stack)(ws, x))
+    close(jax.grad(lambda w: jax.grad(opt, argnums=1)(w, x).sum())(ws),       # second order
+          jax.grad(lambda w: jax.grad(_stack, argnums=1)(w, x).sum())(ws))
+    wsb = [jnp.stack([w, w * 0.5]) for w in ws]
+    close(jax.vmap(opt)(wsb, jnp.stack([x, x])), jax.vmap(_stack)(wsb, jnp.stack([x, x])))
+    close(jax.vmap(opt, in_axes=(0, None))(wsb, x), jax.vmap(_stack, in_axes=(0, None))(wsb, x))
+    lin_o = jax.linearize(lambda w: opt(w, x), ws)[1]
+    lin_r = jax.linearize(lambda w: _stack(w, x), ws)[1]
+    close(lin_o(ws), lin_r(ws))
+
+
+def test_list_form_integer_operands_and_outputs():
+    def f(ws, ns, x):
+        outs = []
+        for w, n_ in zip(ws, ns):
+            x, c = jax.checkpoint(lambda w, n_, x: (jnp.tanh(x @ w) * n_ + x, n_ * 2))(w, n_, x)
+            outs.append(c)
+        return x.sum(), outs[1]
+    ws = _weights(4)
+    ns = [jnp.int32(i + 1) for i in range(4)]
+    x = jnp.ones((2, 4))
+    cj, _ = _rewrite(f, ws, ns, x, reroll=True, target="cpu")
+    assert _top(cj, "custom_jvp_call") == 1
+    assert_equivalent(f, ws, ns, x, reroll=True, target="cpu", rtol=RTOL)
+    g_o = jax.grad(lambda *a: jaxrewrite.optimize(f, reroll=True, target="cpu")(*a)[0],
+                   argnums=(0, 2))(ws, ns, x)
+    g_r = jax.grad(lambda *a: f(*a)[0], argnums=(0, 2))(ws, ns, x)
+    h_o = jax.hessian(lambda x: jaxrewrite.optimize(f, reroll=True, target="cpu")(ws, ns, x)[0])(x)
+    h_r = jax.hessian(lambda x: f(ws, ns, x)[0])(x)
+    for u, v in zip(jax.tree_util.tree_leaves((g_o, h_o)), jax.tree_util.tree_leaves((g_r, h_r))):
+        np.testing.assert_allclose(u, v, rtol=RTOL, atol=RTOL)

@@ -15,11 +15,27 @@ still calls the shared function). Per operand position, across the chain:
 | fed by output q of the previous call    | carry (init from the first call); types must   |
 |                                         | match exactly (dtype, weak type, sharding)     |
 | the same atom in every call             | loop-invariant (closed over by the body)       |
-| anything else (same aval by structure)  | scanned xs: stacked (literals: one literal)    |
+| anything else (same aval by structure)  | scanned xs: stacked (literals: one literal);   |
+|                                         | on CPU read from its list inside the loop      |
+
+List form (target 'cpu', chains up to `LIST_READ_LIMIT`): instead of stacking the per-layer
+operands (a copy of the parameters, alive through the backward loop under `jax.grad`), step i
+reads row i from the list with a `cond`, and the scan is a `custom_jvp` whose rule carries the
+tangents as stacked xs (so gradients are stacked cotangents sliced once, as before):
+
+    after:   c3 = custom_jvp_call[scan[jaxpr={ c, i ; W. c' = remat[J'] c W i }]] c0 w1 w2 w3
+             (J' = { w = custom_jvp_call[cond[branches: w1 | w2 | w3]] W i ; J }: a remat body
+             re-reads its row in the backward loop instead of saving it; a jit body reads
+             before the call)
 
 Bodies that differ only in scalar literals at their top level (what `fold` makes of a call
 with a per-layer index) chain too: the differing literals become trailing operands of one
 generalized body and are scanned as a stacked literal.
+
+Repeated inline code (no call: a `jax.jit(..., inline=True)` function, a Python loop over plain
+code, the forward pass JAX leaves in `jax.grad` of checkpointed layers) is first outlined into a
+chain of calls of one body (`passes/outline.py`) and rolled the same way; outlined calls that no
+chain rolls are inlined back.
 
 Outputs of the chain used outside it (residuals under `jax.grad`, intermediate activations)
 come out of the scan as stacked ys and are indexed where they were used. A chain is cut where
@@ -35,13 +51,16 @@ in `bench/dedup.py`; the tests use rtol 1e-5 for float32). Integer programs are 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from .. import _compat as C
+from .. import _cost
 from .. import _walk
 from .._report import Decline
 from .._structural import Keyer, literal_key
+from . import outline
 
 NAME = "reroll"
 DEFAULT_MIN_LENGTH = 3
@@ -71,8 +90,24 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     if min_len is None:
         return cj, False
     keyer = Keyer()
-    out, rolled = _walk.map_levels(cj, lambda j: _reroll_level(j, keyer, min_len, ctx))
+    out, rolled = _walk.map_levels(cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx))
     return out, rolled > 0
+
+
+def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx):
+    """Chains of calls are rolled; then runs of repeated inline code left become calls
+    (`outline`) and are rolled the same way. Outlined calls that no chain rolls are inlined
+    back, so outlining alone never changes a level."""
+    rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx)
+    outlined, bodies = outline.outline_level(rolled, keyer, min_len)
+    if not bodies:
+        return rolled, n
+    new, m = _reroll_level(outlined, keyer, min_len, ctx)
+    if not m:
+        return rolled, n
+    left = {id(e.params["jaxpr"]) for e in new.eqns if C.is_jit(e)} & bodies
+    ctx.report.count(f"{NAME}.outlined_runs_rolled", len(bodies) - len(left))
+    return outline.inline_outlined(new, bodies), n + m
 
 
 # --- finding chains ----------------------------------------------------------------------------
@@ -274,8 +309,36 @@ def _plan(chain: Chain, users: dict, ys_origin: dict):
     return carry_in, invariant, xs, ys, direct, reverse
 
 
-def _roll(chain: Chain, users: dict, ys_origin: dict, unroll):
-    """Replacement equations for `chain` and the substitution of its outputs."""
+@dataclasses.dataclass
+class _Layout:
+    """Where the body's operands and results go in a rolled scan."""
+    first: object                    # the chain's first call (its body and params)
+    k: int
+    carry_in: dict                   # operand position -> result position carried into it
+    carry_ps: list                   # carried operand positions, sorted
+    invariant: list                  # loop-invariant operand positions
+    xs: list                         # scanned positions: stacked, a scan's ys, or literals
+    listed: list                     # positions read from their list
+    ys: list                         # result positions that come out as stacked ys
+
+    def assemble(self, carry, inv, xs, rows) -> list:
+        ins = [None] * len(self.first.invars)
+        for ps, vs in ((self.carry_ps, carry), (self.invariant, inv), (self.xs, xs),
+                       (self.listed, rows)):
+            for p, v in zip(ps, vs):
+                ins[p] = v
+        return ins
+
+    def split_outs(self, outs):
+        return [outs[self.carry_in[p]] for p in self.carry_ps], [outs[q] for q in self.ys]
+
+
+def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False):
+    """Replacement equations for `chain` and the substitution of its outputs.
+
+    With `lists`, per-iteration operands that would be stacked are read from their list inside
+    the loop instead (`_listed_scan`), when the chain is short enough for one `cond` per step.
+    """
     from jax import lax
     import jax.numpy as jnp
 
@@ -284,6 +347,11 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll):
     order = list(range(k - 1, -1, -1)) if reverse else list(range(k))   # scan index -> element
     em = _walk.Emitter(last)
     carry_ps = sorted(carry_in)
+    listed = [p for p in xs
+              if p not in direct and _listable([chain.eqns[i].invars[p] for i in order])]
+    if not lists or k * k * len(listed) > LIST_READ_LIMIT:
+        listed = []
+    xs = [p for p in xs if p not in listed]
     xs_atoms = []
     produced = []    # (atom, (stacked array, scan index, length)): later chains may read these
     for p in xs:
@@ -306,31 +374,16 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll):
             produced.extend((a, (stacked_x, s, k)) for s, a in enumerate(atoms)
                             if not C.is_literal(a))
 
-    one = _one_eqn_jaxpr(first)
-    n_in = len(first.invars)
-    n_c, n_inv = len(carry_ps), len(invariant)
-
-    def rolled(*args):
-        init, inv, xv = args[:n_c], args[n_c:n_c + n_inv], args[n_c + n_inv:]
-
-        def body(carry, x):
-            ins = [None] * n_in
-            for p, v in zip(carry_ps, carry):
-                ins[p] = v
-            for p, v in zip(invariant, inv):
-                ins[p] = v
-            for p, v in zip(xs, x):
-                ins[p] = v
-            outs = C.eval_jaxpr(one, *ins)
-            return [outs[carry_in[p]] for p in carry_ps], [outs[q] for q in ys]
-
-        c, y = lax.scan(body, list(init), list(xv), length=k, reverse=reverse, unroll=unroll)
-        return [*c, *y]
-
+    lay = _Layout(first, k, carry_in, carry_ps, invariant, xs, listed, ys)
     args = ([first.invars[p] for p in carry_ps] + [first.invars[p] for p in invariant]
             + xs_atoms)
+    if listed:
+        rolled = _listed_scan(lay, reverse, unroll)
+        args += [chain.eqns[i].invars[p] for p in listed for i in order]
+    else:
+        rolled = _stacked_scan(lay, reverse, unroll)
     outs = em.call(rolled, *args)
-    final, stacked = outs[:n_c], outs[n_c:]
+    final, stacked = outs[:len(carry_ps)], outs[len(carry_ps):]
     env = {}
     for p, v in zip(carry_ps, final):
         old = last.outvars[carry_in[p]]
@@ -344,6 +397,223 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll):
             env[old] = em.call(lambda a, s=s: lax.index_in_dim(a, s, keepdims=False), y)[0]
             produced.append((env[old], (y, s, k)))
     return em.eqns, env, produced
+
+
+def _stacked_scan(lay: _Layout, reverse: bool, unroll):
+    """The rolled chain as a function of (init, invariants, stacked xs): the body is the call."""
+    from jax import lax
+    one = _one_eqn_jaxpr(lay.first)
+    n_c, n_inv = len(lay.carry_ps), len(lay.invariant)
+
+    def rolled(*args):
+        init, inv, xv = args[:n_c], args[n_c:n_c + n_inv], args[n_c + n_inv:]
+
+        def body(carry, x):
+            return lay.split_outs(C.eval_jaxpr(one, *lay.assemble(carry, inv, x, ())))
+
+        c, y = lax.scan(body, list(init), list(xv), length=lay.k, reverse=reverse, unroll=unroll)
+        return [*c, *y]
+    return rolled
+
+
+# --- per-iteration operands read from their list (no stacked copy) ------------------------------
+# A stacked xs is a second copy of every per-layer operand (the parameters), and under `jax.grad`
+# JAX's scan keeps it alive through the backward loop, while the stacked cotangents are built:
+# two extra copies. Reading row i from the list itself inside the loop (a `cond` with a branch
+# per row: XLA prunes each branch to its own row's operands and copies just those) needs none.
+# Differentiated as is, though, the list would be loop-invariant: its cotangents would be k
+# accumulators, each added to at every step (k^2 work). So the rolled scan is a `custom_jvp`
+# whose rule routes the tangents through stacked xs as before: the primal is read from the
+# list, the tangent of row i is row i of the stacked tangents, and its transpose is the usual
+# stacked cotangents + one slice per element. Under a remat body the read goes inside the remat,
+# so the backward loop re-reads the row instead of saving it as a (stacked) residual.
+#
+# Measured on XLA:CPU (bench/dedup.py's stack, d=64, `jax.grad(optimize(stack))`, paired, list
+# form vs stacked form): N=24: temp memory 4.69 vs 9.19 MB (params 4.52, jax.jit 2.00), run
+# 11.8 vs 11.8 ms (jax.jit 17.7), trace+lower+compile 2.87 vs 2.73 s (jax.jit 11.1); N=64: 12.5
+# vs 24.5 MB, 32.8 vs 34.7 ms, 9.05 vs 8.63 s; gradients bit-identical between the two forms.
+# Neither form closes the compile gap to a scan over stacked inputs: XLA:CPU compiles one kernel
+# per output slice of the stacked cotangents (N x leaves), as for a hand-written list-input scan.
+# Which targets read from lists is the cost model's `reroll_list_read` (CPU only): XLA:GPU's
+# conditional reads its branch index back to the host (a sync per step) unless it runs inside
+# a command buffer; not measured. Each of the k
+# branches takes all k * len(listed) operands, so the jaxpr grows as k^2: long chains
+# (`LIST_READ_LIMIT`) keep the stacked form too.
+
+LIST_READ_LIMIT = 1 << 16        # most k * k * (listed positions) for the list form
+
+
+def _listable(atoms) -> bool:
+    """Per-iteration operands that can be read from their list: one aval, not all literals."""
+    if all(C.is_literal(a) for a in atoms):
+        return False
+    return len({C.aval_key(C.aval_of(a)) for a in atoms}) == 1
+
+
+def _list_read(lists, i):
+    """Row `i` of each list (`lists[m][j]`: position m's operand of scan step j): one `switch`."""
+    from jax import lax
+    branches = [lambda ls, j=j: [ls_m[j] for ls_m in ls] for j in range(len(lists[0]))]
+    return lax.switch(i, branches, [list(ls_m) for ls_m in lists])
+
+
+@functools.lru_cache(maxsize=64)
+def _read_jaxpr(k: int, avals: tuple) -> C.ClosedJaxpr:
+    """`_list_read` traced once per operand types: every trace of the rolled chain (the rewrite,
+    `jax.grad`'s jvp, partial eval, DCE) then holds the same branch jaxprs, and JAX's caches keyed
+    on a jaxpr object work for them."""
+    def flat(i, *ops):
+        return _list_read([ops[m * k:(m + 1) * k] for m in range(len(ops) // k)], i)
+    return C.trace_avals(flat, avals)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader():
+    """`_list_read` as a `custom_jvp` (the tangent of a row is the same row of the tangents).
+
+    Partial eval of a `cond` walks every branch even when none of its operands is
+    differentiated (JAX's `cond` rules have no all-known shortcut); a `custom_jvp_call` whose
+    operands are all known is passed through untouched. Here they are always known: the rolled
+    scan's own rule gives rows their tangents, so this rule runs only for higher orders.
+    """
+    import jax
+
+    def fn(lists, i):
+        ops = [o for ls_m in lists for o in ls_m]
+        return C.eval_jaxpr(_read_jaxpr(len(lists[0]), tuple(jax.typeof(o) for o in (i, *ops))),
+                            i, *ops)
+
+    @jax.custom_jvp
+    def read(lists, i):
+        return fn(lists, i)
+
+    @read.defjvp
+    def read_jvp(primals, tangents):
+        (lists, i), (dlists, _) = primals, tangents
+        rows_t = [_zero_tangent(ls_m[0]) for ls_m in lists]       # integer rows: float0
+        live = [m for m, ls_m in enumerate(lists) if _inexact(ls_m[0])]
+        for m, t in zip(live, read([dlists[m] for m in live], i) if live else ()):
+            rows_t[m] = t
+        return read(lists, i), rows_t
+    return read
+
+
+def _body_call(first):
+    """(call, wrap): `call(ins)` evaluates the body; `wrap(f)` gives `f` the call's remat, so that
+    the list read inside `f` is recomputed with the body rather than saved."""
+    import jax
+    if first.primitive is C.remat_p:
+        inner = C.closed(_body_of(first), ())
+        prm = first.params
+        return (lambda ins: C.eval_jaxpr(inner, *ins),
+                lambda f: jax.checkpoint(f, prevent_cse=prm["prevent_cse"], policy=prm["policy"]))
+    one = _one_eqn_jaxpr(first)
+    return (lambda ins: C.eval_jaxpr(one, *ins)), (lambda f: f)
+
+
+def _nonzero(t) -> bool:
+    import jax
+    from jax.custom_derivatives import SymbolicZero
+    return not isinstance(t, SymbolicZero) and np.dtype(t.dtype) != jax.dtypes.float0
+
+
+def _inexact(x) -> bool:
+    return np.issubdtype(np.dtype(x.dtype), np.inexact)
+
+
+def _zero_tangent(x):
+    import jax
+    import jax.numpy as jnp
+    return jnp.zeros_like(x) if _inexact(x) else np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def _listed_scan(lay: _Layout, reverse: bool, unroll):
+    """The rolled chain as a function of (init, invariants, xs, lists flattened), a `custom_jvp`.
+
+        rolled(c0, inv, X, w_1..w_k) = scan[body: c, (i, x) -> call(c, inv, x, switch(i, w))]
+        jvp: scan over (i, x, dx, T) with T = stack(dw_1..dw_k); the row's tangent is T[i]
+
+    Tangents are symbolic-zero aware: positions with no tangent are not differentiated (no
+    stacked zeros), and an integer operand never is.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    k = lay.k
+    n_c, n_inv, n_x, n_l = len(lay.carry_ps), len(lay.invariant), len(lay.xs), len(lay.listed)
+    call, wrap = _body_call(lay.first)
+    read = _reader()
+
+    def split(args):
+        c, inv, x, flat = (list(args[:n_c]), list(args[n_c:n_c + n_inv]),
+                           list(args[n_c + n_inv:n_c + n_inv + n_x]), args[n_c + n_inv + n_x:])
+        return c, inv, x, [tuple(flat[m * k:(m + 1) * k]) for m in range(n_l)]
+
+    def scan(body, init, xs):
+        return lax.scan(body, init, [jnp.arange(k, dtype=np.int32), *xs], length=k,
+                        reverse=reverse, unroll=unroll)
+
+    @wrap
+    def step(c, inv, x, lists, i):
+        return call(lay.assemble(c, inv, x, read(lists, i)))
+
+    def primal(*args):
+        init, inv, xs, lists = split(args)
+        c, y = scan(lambda c, ix: lay.split_outs(step(c, inv, ix[1:], lists, ix[0])), init, xs)
+        return [*c, *y]
+
+    def jvp(primals, tangents):
+        init, inv, xs, lists = split(primals)
+        dinit, dinv, dxs, dlists = split(tangents)
+        if not any(_nonzero(t) for t in tangents):
+            out = primal(*primals)
+            return out, [_zero_tangent(o) for o in out]
+        c_d = [j for j in range(n_c) if _inexact(init[j])]       # carried tangents
+        inv_d = [j for j in range(n_inv) if _nonzero(dinv[j])]
+        x_d = [j for j in range(n_x) if _nonzero(dxs[j])]
+        l_d = [m for m in range(n_l) if any(_nonzero(t) for t in dlists[m])]
+        stacked_t = [jnp.stack([t if _nonzero(t) else _zero_tangent(w)
+                                for t, w in zip(dlists[m], lists[m])]) for m in l_d]
+        dc0 = [dinit[j] if _nonzero(dinit[j]) else _zero_tangent(init[j]) for j in c_d]
+        dinv_d = [dinv[j] for j in inv_d]
+        y_d = [n for n, q in enumerate(lay.ys) if _inexact(lay.first.outvars[q].aval)]
+
+        @wrap
+        def step_jvp(c, dc, inv, dinv, x, dx, lists, i, t):
+            rows = read(lists, i)
+
+            def f(cv, iv, xv, rv):
+                c2, inv2, x2, rows2 = list(c), list(inv), list(x), list(rows)
+                for dst, ps, vs in ((c2, c_d, cv), (inv2, inv_d, iv), (x2, x_d, xv),
+                                    (rows2, l_d, rv)):
+                    for p, v in zip(ps, vs):
+                        dst[p] = v
+                return call(lay.assemble(c2, inv2, x2, rows2))
+            primals = tuple([vs[p] for p in ps] for vs, ps in ((c, c_d), (inv, inv_d), (x, x_d),
+                                                                (rows, l_d)))
+            return jax.jvp(f, primals, (list(dc), list(dinv), list(dx), list(t)))
+
+        def body(carry, ix):
+            (c, dc), i = carry, ix[0]
+            x, dx, t = ix[1:1 + n_x], ix[1 + n_x:1 + n_x + len(x_d)], ix[1 + n_x + len(x_d):]
+            outs, douts = step_jvp(c, dc, inv, dinv_d, x, dx, lists, i, t)
+            c_out, y_out = lay.split_outs(outs)
+            dc_out, dy_out = lay.split_outs(douts)
+            return (c_out, [dc_out[j] for j in c_d]), (y_out, [dy_out[n] for n in y_d])
+
+        (c, dc), (y, dy) = scan(body, (init, dc0), [*xs, *(dxs[j] for j in x_d), *stacked_t])
+        dc_all = [_zero_tangent(v) for v in c]
+        for j, v in zip(c_d, dc):
+            dc_all[j] = v
+        dy_all = [_zero_tangent(v) for v in y]
+        for n, v in zip(y_d, dy):
+            dy_all[n] = v
+        return [*c, *y], [*dc_all, *dy_all]
+
+    rolled = jax.custom_jvp(primal)
+    rolled.defjvp(jvp, symbolic_zeros=True)
+    return rolled
 
 
 def _one_eqn_jaxpr(eqn) -> C.ClosedJaxpr:
@@ -389,7 +659,8 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         orig = list(chain.eqns)
         try:
             chain = _generalize(chain, keyer)
-            new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll)
+            new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
+                                       lists=_cost.costs(ctx.target).reroll_list_read)
         except Decline as d:
             ctx.report.declined(NAME, orig[0], str(d))
             # keep the calls, re-emitted at the chain's end: `_cut` guarantees that nothing

@@ -1,0 +1,259 @@
+"""Outlining: a run of repeated equations that is not a call becomes a chain of calls of one body.
+
+    before:  a1 = sin a0;  b1 = mul a1 w;  c1 = add b1 a0      (the same equations, k times,
+             a2 = sin c1;  b2 = mul a2 w;  c2 = add b2 c1       each segment reading the one
+             a3 = sin c2;  b3 = mul a3 w;  c3 = add b3 c2       before it: an inlined layer)
+    after:   c1 = jit[outlined]{ sin; mul; add } a0 w
+             c2 = jit[outlined]{ ... the same body object ... } c1 w
+             c3 = jit[outlined]{ ... } c2 w
+
+Used by `reroll` (never on its own): the calls are what it rolls into a `lax.scan`; calls it
+does not roll are inlined back (`inline_outlined`), so outlining alone never changes a program.
+Inline code is what `jax.jit(f, inline=True)` inner functions, `optimize(jax.grad(f))`'s forward
+pass (JAX inlines checkpointed layers there) and Python loops over plain code leave.
+
+Finding a run, per jaxpr level:
+1. Each equation gets a signature: primitive, params (nested jaxprs by structure), operand and
+   result avals, literal values; equations with effects get one of their own (never repeated).
+2. Candidate periods L are the distances between consecutive equations of one signature; for
+   each (the most frequent few), the positions where signature[i] == signature[i + L] form runs.
+3. The phase (where a segment starts) is the boundary inside the run that the fewest values
+   cross (a layer boundary: only the carried state crosses it).
+4. A run is k >= `min_len` segments of L >= `MIN_EQNS` equations that reference each other the
+   same way: an operand defined in its own segment comes from the same position in every
+   segment; every other operand is an argument of the call (the reroll pass decides which are
+   carried, loop-invariant or per iteration, and cuts chains it cannot roll).
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .. import _compat as C
+from .. import _walk
+from .._structural import Keyer
+
+MIN_EQNS = 8          # shortest segment worth a call (a loop of tiny bodies costs more than it saves)
+MAX_PERIODS = 4       # most frequent distances tried per run search (and their multiples)
+MAX_RUNS = 8          # runs outlined per level
+
+
+def _signatures(eqns, keyer: Keyer) -> np.ndarray:
+    table: dict = {}
+    ids = np.empty(len(eqns), np.int64)
+    for i, e in enumerate(eqns):
+        if C.has_effects(e):
+            ids[i] = -1 - i  # unique: never part of a run
+            continue
+        ins = tuple(keyer.literal(a) if C.is_literal(a) else ("var", keyer.aval(a.aval))
+                    for a in e.invars)
+        ids[i] = table.setdefault(keyer.eqn_key(e, ins), len(table))
+    return ids
+
+
+def _periods(ids: np.ndarray, min_len: int) -> list[int]:
+    last: dict = {}
+    gaps: collections.Counter = collections.Counter()
+    for i, s in enumerate(ids.tolist()):
+        if s >= 0:
+            if s in last:
+                gaps[i - last[s]] += 1
+            last[s] = i
+    # the most frequent distances, and their multiples (a layer of 3 identical blocks repeats
+    # with period 3 blocks, though each equation recurs every block)
+    top = [g for g, _ in gaps.most_common(MAX_PERIODS)]
+    limit = len(ids) // max(min_len, 1)
+    return sorted({m * g for g in top for m in range(1, limit // g + 1) if m * g >= MIN_EQNS})
+
+
+def _crossings(eqns) -> np.ndarray:
+    """crossings[p]: values defined before equation p (at this level) and used at or after it."""
+    n = len(eqns)
+    diff = np.zeros(n + 2, np.int64)
+    defined: dict = {}
+    last_use: dict = {}
+    for i, e in enumerate(eqns):
+        for a in e.invars:
+            if not C.is_literal(a) and a in defined:
+                last_use[a] = i
+        for v in e.outvars:
+            if not C.is_dropvar(v):
+                defined[v] = i
+    for v, u in last_use.items():
+        diff[defined[v] + 1] += 1
+        diff[u + 1] -= 1
+    return np.cumsum(diff)[:n + 1]
+
+
+def _verify(eqns, outvars, p: int, L: int, k: int):
+    """(slot groups, exports) when segments [p + m L, p + (m+1) L) for m < k reference each
+    other alike; else None. A slot is an operand position (offset, operand index) not defined
+    in its own segment; slots that hold the same atom in every segment are one argument."""
+    pos: dict = {}
+    for m in range(k):
+        for o in range(L):
+            for q, v in enumerate(eqns[p + m * L + o].outvars):
+                pos[v] = (m, o, q)
+    ref0 = None
+    slots: list = []       # per segment: the external atoms, in slot order
+    for m in range(k):
+        refs, ext = [], []
+        for o in range(L):
+            for r, a in enumerate(eqns[p + m * L + o].invars):
+                if C.is_literal(a):
+                    continue
+                d = pos.get(a)
+                if d is not None and d[0] == m:
+                    refs.append((o, r, d[1], d[2]))
+                else:
+                    refs.append((o, r))
+                    ext.append(a)
+        if ref0 is None:
+            ref0 = refs
+        elif refs != ref0:
+            return None
+        slots.append(ext)
+    # one argument per distinct column of atoms across the segments
+    groups: dict = {}
+    for s in range(len(slots[0])):
+        groups.setdefault(tuple(seg[s] for seg in slots), []).append(s)
+    exports = set()
+    end = p + k * L
+    for i, e in enumerate(eqns):
+        inside = p <= i < end
+        for a in e.invars:
+            d = None if C.is_literal(a) else pos.get(a)
+            if d is not None and (not inside or (i - p) // L != d[0]):
+                exports.add((d[1], d[2]))
+    for a in outvars:
+        d = None if C.is_literal(a) else pos.get(a)
+        if d is not None:
+            exports.add((d[1], d[2]))
+    return list(groups.values()), sorted(exports), slots
+
+
+def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
+    best = None
+    cross = None
+    for L in _periods(ids, min_len):
+        eq = ids[:-L] == ids[L:]
+        i, n = 0, len(eq)
+        while i < n:
+            if not eq[i]:
+                i += 1
+                continue
+            j = i
+            while j < n and eq[j]:
+                j += 1
+            # [i, j + L) repeats with period L
+            if j - i >= L * (min_len - 1):
+                if cross is None:
+                    cross = _crossings(eqns)
+                phase = i + int(np.argmin(cross[i:i + L]))
+                k = (j + L - phase) // L
+                if k >= min_len:
+                    found = _verify(eqns, outvars, phase, L, k)
+                    # most equations covered, then fewest call arguments
+                    score = None if found is None else (k * L, -len(found[0]))
+                    if score is not None and (best is None or score > best[0]):
+                        best = (score, (phase, L, k, found))
+            i = j
+    return None if best is None else best[1]
+
+
+def _body(eqns, p: int, L: int, groups, exports, slots0):
+    """Segment 0 as a closed jaxpr: invars one per slot group, outvars the exports."""
+    invars = [C.new_var(C.aval_of(slots0[g[0]])) for g in groups]
+    env: dict = {}
+    by_slot = {s: v for g, v in zip(groups, invars) for s in g}
+    s = 0
+    body_eqns = []
+    out_at: dict = {}
+    for o in range(L):
+        e = eqns[p + o]
+        new_in = []
+        for a in e.invars:
+            if C.is_literal(a):
+                new_in.append(a)
+            elif a in env:
+                new_in.append(env[a])
+            else:
+                new_in.append(by_slot[s])
+                s += 1
+        outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
+        for q, (v, w) in enumerate(zip(e.outvars, outs)):
+            if not C.is_dropvar(v):
+                env[v] = w
+            out_at[(o, q)] = w
+        body_eqns.append(e.replace(invars=new_in, outvars=outs))
+    outvars = [out_at[x] for x in exports]
+    return C.closed(C.new_jaxpr(invars, body_eqns, outvars, "outlined"), ())
+
+
+def outline_level(jaxpr, keyer: Keyer, min_len: int):
+    """(new jaxpr, bodies outlined) for one level; (jaxpr, set()) when no run is found."""
+    import jax
+    bodies: set = set()
+    for _ in range(MAX_RUNS):
+        eqns = list(jaxpr.eqns)
+        run = _find_run(eqns, jaxpr.outvars, _signatures(eqns, keyer), min_len)
+        if run is None:
+            break
+        p, L, k, (groups, exports, slots) = run
+        if not exports:
+            break
+        body = _body(eqns, p, L, groups, exports, slots[0])
+
+        def outlined(*args, body=body):
+            return C.eval_jaxpr(body, *args)
+
+        call = jax.jit(outlined)  # one function object: every segment's call shares one body
+        new_eqns, env = eqns[:p], {}
+        for m in range(k):
+            em = _walk.Emitter(eqns[p + m * L])
+            args = [slots[m][g[0]] for g in groups]
+            args = [_walk.substitute(a, env) for a in args]
+            outs = em.call(call, *args)
+            for (o, q), new in zip(exports, outs):
+                old = eqns[p + m * L + o].outvars[q]
+                if not C.is_dropvar(old):
+                    env[old] = new
+            new_eqns.extend(em.eqns)
+            bodies.update(id(e.params["jaxpr"]) for e in em.eqns if C.is_jit(e))
+        for e in eqns[p + k * L:]:
+            new_in = [_walk.substitute(a, env) for a in e.invars]
+            new_eqns.append(e.replace(invars=new_in) if any(
+                x is not y for x, y in zip(new_in, e.invars)) else e)
+        outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
+        jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
+    return jaxpr, bodies
+
+
+def inline_outlined(jaxpr, bodies: set):
+    """Calls of an outlined body that were not rolled, inlined back (program as it was)."""
+    if not bodies:
+        return jaxpr
+    eqns, env, changed = [], {}, False
+    for e in jaxpr.eqns:
+        if env:
+            new_in = [_walk.substitute(a, env) for a in e.invars]
+            if any(x is not y for x, y in zip(new_in, e.invars)):
+                e = e.replace(invars=new_in)
+        if not (C.is_jit(e) and id(e.params["jaxpr"]) in bodies):
+            eqns.append(e)
+            continue
+        inner = e.params["jaxpr"]
+        ienv = dict(zip(inner.jaxpr.invars, e.invars))
+        for ie in inner.jaxpr.eqns:
+            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in ie.outvars]
+            eqns.append(ie.replace(invars=[_walk.substitute(a, ienv) for a in ie.invars],
+                                   outvars=outs))
+            ienv.update(zip(ie.outvars, outs))
+        for v, a in zip(e.outvars, inner.jaxpr.outvars):
+            env[v] = _walk.substitute(a, ienv)
+        changed = True
+    if not changed:
+        return jaxpr
+    return C.replace_jaxpr(jaxpr, eqns=eqns,
+                           outvars=[_walk.substitute(a, env) for a in jaxpr.outvars])

@@ -1,0 +1,185 @@
+"""Outlining repeated inline code into calls of one body (used by reroll)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrewrite import _compat as C
+from jaxrewrite.passes import outline
+from jaxrewrite._structural import Keyer
+from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
+
+
+def _layer(x, w):
+    for _ in range(3):
+        x = jnp.tanh(x @ w) + x * 0.5
+    return x
+
+
+def _stack(x, ws):
+    for w in ws:
+        x = _layer(x, w)
+    return x.sum()
+
+
+X = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+WS = [np.eye(8, dtype=np.float32) * (i + 1) / 4 for i in range(6)]
+
+
+def _eval(j, consts, *args):
+    return jax.jit(lambda *a: jax.core.eval_jaxpr(j, consts, *a)[0])(*args)
+
+
+def test_a_run_of_inline_layers_becomes_calls_of_one_body():
+    cj = jax.make_jaxpr(_stack)(X, WS)
+    j, bodies = outline.outline_level(cj.jaxpr, Keyer(), 3)
+    calls = [e for e in j.eqns if C.is_jit(e)]
+    assert len(calls) == 6 and len(bodies) == 1                # one call per layer
+    assert len({id(e.params["jaxpr"]) for e in calls}) == 1    # one shared body object
+    assert primitive_counts(calls[0].params["jaxpr"]) == {"dot_general": 3, "tanh": 3,
+                                                           "mul": 3, "add": 3}
+    C.check_jaxpr(j)
+    assert_bitwise_equal(_eval(j, cj.consts, X, *WS), jax.jit(_stack)(X, WS))
+
+
+def test_calls_not_rolled_are_inlined_back():
+    cj = jax.make_jaxpr(_stack)(X, WS)
+    j, bodies = outline.outline_level(cj.jaxpr, Keyer(), 3)
+    back = outline.inline_outlined(j, bodies)
+    assert [e.primitive for e in back.eqns] == [e.primitive for e in cj.jaxpr.eqns]
+    C.check_jaxpr(back)
+    assert_bitwise_equal(_eval(back, cj.consts, X, *WS), jax.jit(_stack)(X, WS))
+
+
+def test_segments_that_differ_are_not_a_run():
+    def f(x, ws):
+        for act, w in zip((jnp.sin, jnp.tanh, jnp.cos, jnp.exp), ws):  # every layer differs
+            for _ in range(3):
+                x = act(x @ w) + x * 0.5
+        return x
+
+    j, bodies = outline.outline_level(jax.make_jaxpr(f)(X, WS[:4]).jaxpr, Keyer(), 3)
+    assert not bodies and not any(C.is_jit(e) for e in j.eqns)
+
+
+def test_effects_are_never_outlined():
+    def f(x, ws):
+        for w in ws:
+            x = _layer(x, w)
+            jax.debug.print("{}", x.sum(), ordered=True)
+        return x
+
+    cj = jax.make_jaxpr(f)(X, WS)
+    j, bodies = outline.outline_level(cj.jaxpr, Keyer(), 3)
+    # the layers between the prints may be outlined, never a print
+    assert all(not e.effects for e in j.eqns if C.is_jit(e))
+    assert sum(1 for e in j.eqns if e.effects) == len(WS)
+
+
+def test_too_short_a_run_is_left_alone():
+    def f(x, ws):  # 2 layers of 2 blocks: 16 equations, fewer than 3 segments of 8
+        for w in ws:
+            for _ in range(2):
+                x = jnp.tanh(x @ w) + x * 0.5
+        return x
+
+    cj = jax.make_jaxpr(f)(X, WS[:2])
+    j, bodies = outline.outline_level(cj.jaxpr, Keyer(), 3)
+    assert not bodies and j is cj.jaxpr
+
+
+# --- through reroll ---------------------------------------------------------------------------------
+
+RTOL = 1e-5  # reroll's stated tolerance for float32 (a loop may fuse differently)
+
+
+def _close(a, b):
+    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(u, v, rtol=RTOL, atol=RTOL)
+
+
+def _top(cj, name):
+    return sum(1 for e in cj.jaxpr.eqns if e.primitive.name == name)
+
+
+def test_inline_jit_loop_is_outlined_and_rolled():
+    """The seed's `jax.jit(body, inline=True)` in a loop: no call is left to roll but the
+    inlined code repeats; reroll=True outlines it and rolls it into one scan."""
+    import jaxrewrite
+
+    def body(s):
+        for _ in range(8):
+            s = jnp.sin(s) * 1.5 + s
+        return s
+
+    def f(x):
+        for _ in range(10):
+            x = jax.jit(body, inline=True)(x)
+        return x
+
+    x = np.linspace(-2, 2, 4, dtype=np.float32)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), reroll=True)
+    assert _top(res.jaxpr, "scan") == 1 and res.report.counts["reroll.outlined_runs_rolled"] == 1
+    assert primitive_counts(res.jaxpr)["sin"] < 80
+    _close(jaxrewrite.optimize(f, reroll=True)(x), jax.jit(f)(x))
+    plain = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(f)(x))  # reroll off: nothing outlined
+    assert _top(plain, "scan") == 0 and not any(C.is_jit(e) for e in plain.jaxpr.eqns)
+
+
+def test_forward_chain_of_a_differentiated_checkpoint_stack_is_rolled():
+    """`optimize(jax.grad(f), reroll=True)`: JAX inlines the checkpointed layers' forward pass;
+    it is outlined and rolled beside the backward chain of remat calls."""
+    import jaxrewrite
+
+    def layer(w, x):
+        return jnp.tanh(x @ w) + jnp.sin(x) * 0.5
+
+    def stack(ws, x):
+        for w in ws:
+            x = jax.checkpoint(layer)(w, x)
+        return (x * x).sum()
+
+    ws = [np.eye(4, dtype=np.float32) * (0.5 + 0.1 * i) for i in range(6)]
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    g = jax.grad(stack)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(g)(ws, x), reroll=True)
+    assert res.report.counts["reroll.outlined_runs_rolled"] == 1
+    assert res.report.counts["reroll.chains"] == 2          # forward and backward
+    _close(jaxrewrite.optimize(g, reroll=True)(ws, x), jax.jit(g)(ws, x))
+
+
+# --- property: random repeated segments ------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_UNARY = {
+    "sin": jnp.sin, "tanh": jnp.tanh, "neg": jnp.negative, "half": lambda v: v * 0.5,
+    "inc": lambda v: v + 1.0, "sq": lambda v: jnp.tanh(v * v), "rev": lambda v: v[::-1],
+}
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
+@given(ops=st.lists(st.sampled_from(sorted(_UNARY)), min_size=8, max_size=12),
+       k=st.integers(3, 5), weights=st.sampled_from(["none", "shared", "per-layer"]))
+def test_random_repeated_segments_roll_within_tolerance(ops, k, weights):
+    import jaxrewrite
+
+    def f(x, ws):
+        for i in range(k):
+            for name in ops:
+                x = _UNARY[name](x)
+            if weights == "shared":
+                x = x + ws[0]
+            elif weights == "per-layer":
+                x = x + ws[i]
+        return x
+
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    ws = [np.full(8, 0.1 * (i + 1), np.float32) for i in range(k)]
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x, ws), reroll=True)
+    C.check_jaxpr(res.jaxpr)
+    if "rev" not in ops:  # (rev pairs cancel, across segment boundaries too: equivalence only)
+        assert res.report.counts["reroll.outlined_runs_rolled"] >= 1
+    _close(jaxrewrite.optimize(f, reroll=True)(x, ws), jax.jit(f)(x, ws))
+    _close(jax.grad(lambda *a: jaxrewrite.optimize(f, reroll=True)(*a).sum())(x, ws),
+           jax.grad(lambda *a: jax.jit(f)(*a).sum())(x, ws))
