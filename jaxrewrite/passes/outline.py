@@ -35,7 +35,8 @@ from .. import _walk
 from .._structural import Keyer
 
 MIN_EQNS = 8          # shortest segment worth a call (a loop of tiny bodies costs more than it saves)
-MAX_PERIODS = 4       # most frequent distances tried per run search (and their multiples)
+MAX_PERIODS = 4       # most frequent distances tried per run search
+MAX_MULTIPLES = 16    # multiples of each tried (a layer of up to 16 identical blocks)
 MAX_RUNS = 8          # runs outlined per level
 
 
@@ -64,7 +65,11 @@ def _periods(ids: np.ndarray, min_len: int) -> list[int]:
     # with period 3 blocks, though each equation recurs every block)
     top = [g for g, _ in gaps.most_common(MAX_PERIODS)]
     limit = len(ids) // max(min_len, 1)
-    return sorted({m * g for g in top for m in range(1, limit // g + 1) if m * g >= MIN_EQNS})
+    out = set()
+    for g in top:
+        first = max(1, -(-MIN_EQNS // g))          # the smallest multiple of g worth a call
+        out.update(m * g for m in range(first, first + MAX_MULTIPLES) if m * g <= limit)
+    return sorted(out)
 
 
 def _crossings(eqns) -> np.ndarray:
@@ -137,15 +142,9 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
     best = None
     cross = None
     for L in _periods(ids, min_len):
-        eq = ids[:-L] == ids[L:]
-        i, n = 0, len(eq)
-        while i < n:
-            if not eq[i]:
-                i += 1
-                continue
-            j = i
-            while j < n and eq[j]:
-                j += 1
+        eq = np.concatenate([[0], (ids[:-L] == ids[L:]).astype(np.int8), [0]])
+        edges = np.diff(eq)
+        for i, j in zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()):
             # [i, j + L) repeats with period L
             if j - i >= L * (min_len - 1):
                 if cross is None:
@@ -158,7 +157,6 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
                     score = None if found is None else (k * L, -len(found[0]))
                     if score is not None and (best is None or score > best[0]):
                         best = (score, (phase, L, k, found))
-            i = j
     return None if best is None else best[1]
 
 
