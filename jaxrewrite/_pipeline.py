@@ -140,11 +140,13 @@ def program_devices(cj: C.ClosedJaxpr, shardings=()) -> int:
     """How many devices `cj` is partitioned over (1: one device, as far as it says)."""
     n = max([1] + [C.sharding_devices(getattr(v.aval, "sharding", None))
                    for v in cj.jaxpr.invars] + [C.sharding_devices(s) for s in C.leaves(shardings)])
+    unspecified = C.unspecified_sharding()
     for eqn in _walk.iter_eqns(cj):
         if eqn.primitive.name in _SHARDING_PRIMITIVES:
             for v in eqn.params.values():
                 for s in (v if isinstance(v, tuple) else (v,)):
-                    n = max(n, C.sharding_devices(s))
+                    if s is not unspecified and s is not None:
+                        n = max(n, C.sharding_devices(s))
     return n
 
 
