@@ -79,10 +79,11 @@ def _reduced_mask(mask: np.ndarray):
     return np.array(small), dims  # (ascontiguousarray would make a 0-d mask 1-d)
 
 
-def _program(operand_shape, smap, ctx, concat_pieces: int = 0):
+def _program(operand_shape, smap, ctx, concat_pieces: int = 0, concat_ok: bool = True):
     """The structural program of `smap`. Concatenate forms: with gathers="all" (up to
-    PIECE_BUDGET pieces), else only where the caller's cost-model row allows `concat_pieces`."""
-    allow = ctx.options.gathers == "all" or concat_pieces > 0
+    PIECE_BUDGET pieces), else only where the caller's cost-model row allows `concat_pieces`;
+    never where `concat_ok` is False."""
+    allow = concat_ok and (ctx.options.gathers == "all" or concat_pieces > 0)
     budget = PIECE_BUDGET if ctx.options.gathers == "all" else concat_pieces
     return memo(getattr(ctx, "cache", None), "gathers.program",
                 (tuple(operand_shape), array_key(smap), allow, budget),
@@ -188,7 +189,11 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
         fn = lambda v: _moved(v, prog, fill_mask, fill_value)  # noqa: E731
     else:
         wide, core_in = passthrough
-        prog = _program(core_in, smap, ctx)
+        # Concatenate forms are searched for gathers of at most IM.SPLIT_MAX_ELEMENTS in all (a
+        # vmapped gather over a large batch is none: seed program x 65,536 with gathers="all",
+        # concatenates took H200 kernels 11 -> 32 where splitting the axis gives 1).
+        prog = _program(core_in, smap, ctx,
+                        concat_ok=int(np.prod(xa.shape)) <= IM.SPLIT_MAX_ELEMENTS)
         fn = _batched(lambda v: _moved(v, prog, fill_mask, fill_value), wide, len(xa.shape))
     em = _walk.Emitter(eqn)
     y, = em.call(fn, x)
