@@ -346,3 +346,16 @@ def test_static_scatter_concatenate_form_is_the_gpu_default_only():
     gpu = _rewritten(fn, x, target="gpu")
     assert "scatter" not in gpu and gpu.get("concatenate", 0) == 1
     assert "scatter" in _counts(fn, x, target="cpu")
+
+
+def test_gathers_all_searches_no_concatenate_for_a_large_vmapped_gather():
+    """Concatenate forms are searched up to `SPLIT_MAX_ELEMENTS` of the whole gather, batch
+    included (a large batch of concatenates costs more kernels than it saves)."""
+    from jaxrewrite import _indexmap
+    rot = np.array([1, 2, 3, 0])
+    fn = jax.vmap(lambda r: r[rot])
+    small = np.zeros((16, 4), np.float32)
+    big = np.zeros((_indexmap.SPLIT_MAX_ELEMENTS // 4 + 64, 4), np.float32)
+    assert "concatenate" in _counts(fn, small, gathers="all")
+    counts = _counts(fn, big, gathers="all")
+    assert "concatenate" not in counts and "gather" in counts
