@@ -118,14 +118,13 @@ def test_folding_cap_holds_on_a_large_constant():
 slow = pytest.mark.skipif(not os.environ.get("JAXREWRITE_SLOW"),
                           reason="issue-size figures: set JAXREWRITE_SLOW=1 (and -m slow)")
 
-_PASS_COST = ("the rewrite passes cost more than the targets on this program; bench/scale.py "
-              "prints the figures (fold's constant evaluation, scalarize's analysis and dedup's "
-              "structural keys dominate, see the report)")
+_PASS_COST = ("the passes take ~0.32 of the trace here (target 0.25): every value of this program "
+              "has a small static axis, so scalarize analyses every equation; bench/scale.py "
+              "prints the figures, the report's timings split them per pass")
 
 
 @pytest.mark.slow
 @slow
-@pytest.mark.xfail(strict=False, reason=_PASS_COST)
 def test_ten_thousand_equations_trace_lower_at_most_twice_jax_jit():
     fn = scale.size_program(625)  # ~10,000 equations
     assert W.count_eqns(jax.make_jaxpr(fn)(X)) >= 9000
