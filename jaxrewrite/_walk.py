@@ -273,6 +273,45 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+# --- inlining -----------------------------------------------------------------------------------
+
+def inline_calls(jaxpr: C.Jaxpr, should_inline: Callable, candidates=None) -> C.Jaxpr:
+    """`jaxpr` with every `jit` equation for which `should_inline(eqn)` holds replaced by its
+    body (fresh variables; the body's constants, which the predicate guarantees are known,
+    become literals). `candidates`: the positions worth asking about (default: every call).
+
+        before:  c = jit[jaxpr={ lambda ; a. let b = sin a in (b,) }] x
+        after:   c' = sin x                (uses of c read c')
+    """
+    if candidates is None:
+        candidates = {i for i, _ in nested_eqns(jaxpr)}
+    if not candidates:
+        return jaxpr
+    eqns, env, changed = [], {}, False
+    for i, eqn in enumerate(jaxpr.eqns):
+        if env:
+            new_in = [substitute(a, env) for a in eqn.invars]
+            if any(a is not b for a, b in zip(new_in, eqn.invars)):
+                eqn = eqn.replace(invars=new_in)
+        if i not in candidates or not C.is_jit(eqn) or not should_inline(eqn):
+            eqns.append(eqn)
+            continue
+        inner = eqn.params["jaxpr"]
+        ienv = dict(zip(inner.jaxpr.invars, eqn.invars))
+        ienv.update({v: C.literal(np.asarray(c), v.aval)
+                     for v, c in zip(inner.jaxpr.constvars, inner.consts)})
+        for e in inner.jaxpr.eqns:
+            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
+            eqns.append(e.replace(invars=[substitute(a, ienv) for a in e.invars], outvars=outs))
+            ienv.update(zip(e.outvars, outs))
+        for v, a in zip(eqn.outvars, inner.jaxpr.outvars):
+            env[v] = substitute(a, ienv)
+        changed = True
+    if not changed:
+        return jaxpr
+    return C.replace_jaxpr(jaxpr, eqns=eqns, outvars=[substitute(a, env) for a in jaxpr.outvars])
+
+
 # --- dead code ---------------------------------------------------------------------------------
 
 def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:

@@ -232,26 +232,4 @@ def inline_outlined(jaxpr, bodies: set):
     """Calls of an outlined body that were not rolled, inlined back (program as it was)."""
     if not bodies:
         return jaxpr
-    eqns, env, changed = [], {}, False
-    for e in jaxpr.eqns:
-        if env:
-            new_in = [_walk.substitute(a, env) for a in e.invars]
-            if any(x is not y for x, y in zip(new_in, e.invars)):
-                e = e.replace(invars=new_in)
-        if not (C.is_jit(e) and id(e.params["jaxpr"]) in bodies):
-            eqns.append(e)
-            continue
-        inner = e.params["jaxpr"]
-        ienv = dict(zip(inner.jaxpr.invars, e.invars))
-        for ie in inner.jaxpr.eqns:
-            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in ie.outvars]
-            eqns.append(ie.replace(invars=[_walk.substitute(a, ienv) for a in ie.invars],
-                                   outvars=outs))
-            ienv.update(zip(ie.outvars, outs))
-        for v, a in zip(e.outvars, inner.jaxpr.outvars):
-            env[v] = _walk.substitute(a, ienv)
-        changed = True
-    if not changed:
-        return jaxpr
-    return C.replace_jaxpr(jaxpr, eqns=eqns,
-                           outvars=[_walk.substitute(a, env) for a in jaxpr.outvars])
+    return _walk.inline_calls(jaxpr, lambda e: id(e.params["jaxpr"]) in bodies)

@@ -687,36 +687,12 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
         after:   c = gather[literal indices] b
     A nested call is only a call: inlining it inside the same `jax.jit` changes no value.
     """
-    candidates = {i for i, _ in _walk.nested_eqns(jaxpr)}
-    if not candidates:  # no call at this level: nothing to inline (most levels)
-        return jaxpr
-    eqns, env, changed = [], {}, False
-    for i, eqn in enumerate(jaxpr.eqns):
-        if env:
-            new_in = [_walk.substitute(a, env) for a in eqn.invars]
-            if any(a is not b for a, b in zip(new_in, eqn.invars)):
-                eqn = eqn.replace(invars=new_in)
-        inner = eqn.params.get("jaxpr") if i in candidates and C.is_jit(eqn) else None
-        if (inner is None or not _plain_call(eqn) or len(inner.jaxpr.eqns) > max_eqns
-                or not _has_static_gather(inner)
-                or not all(C.is_foldable_const(c) for c in inner.consts)):
-            eqns.append(eqn)
-            continue
-        ienv = dict(zip(inner.jaxpr.invars, eqn.invars))
-        ienv.update({v: C.literal(np.asarray(c), v.aval)
-                     for v, c in zip(inner.jaxpr.constvars, inner.consts)})
-        for e in inner.jaxpr.eqns:
-            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
-            eqns.append(e.replace(invars=[_walk.substitute(a, ienv) for a in e.invars],
-                                  outvars=outs))
-            ienv.update(zip(e.outvars, outs))
-        for v, a in zip(eqn.outvars, inner.jaxpr.outvars):
-            env[v] = _walk.substitute(a, ienv)
-        changed = True
-    if not changed:
-        return jaxpr
-    outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
-    return C.replace_jaxpr(jaxpr, eqns=eqns, outvars=outvars)
+    def inline(eqn):
+        inner = eqn.params["jaxpr"]
+        return (_plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns
+                and _has_static_gather(inner)
+                and all(C.is_foldable_const(c) for c in inner.consts))
+    return _walk.inline_calls(jaxpr, inline)
 
 
 # --- driver -------------------------------------------------------------------------------------
