@@ -92,9 +92,11 @@ def _crossings(eqns) -> np.ndarray:
 
 
 def _verify(eqns, outvars, p: int, L: int, k: int):
-    """(slot groups, exports) when segments [p + m L, p + (m+1) L) for m < k reference each
-    other alike; else None. A slot is an operand position (offset, operand index) not defined
-    in its own segment; slots that hold the same atom in every segment are one argument."""
+    """(slot groups, exports, external atoms per segment) when segments [p + m L, p + (m+1) L)
+    for m < k reference each other alike; else None. A slot is an operand position (offset,
+    operand index) not defined in its own segment; slots that hold the same atom in every
+    segment are one argument (a group). Exports are the (offset, output) positions whose value
+    is used outside its own segment."""
     pos: dict = {}
     for m in range(k):
         for o in range(L):
