@@ -14,7 +14,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
    or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.
    A pass runs again only when a pass that may create work for it (`PassSpec.enables`) changed
    the program since it last ran: dedup only shares objects, so it wakes cse and nothing else.)
-7. reroll     - chains of identical calls become `lax.scan` (once, at the end; off by default).
+7. reroll     - chains of identical calls, and runs of repeated inline code (outlined first,
+                `passes/outline.py`), become `lax.scan` (once, at the end; off by default).
 
 If a pass raises, `rewrite` returns the original program and one warning naming the pass;
 with `strict=True` the error propagates.
