@@ -37,6 +37,14 @@ def objarray(shape) -> np.ndarray:
     return np.empty(tuple(shape), dtype=object)
 
 
+def each_piece(shape, fn) -> np.ndarray:
+    """An object array of `shape` holding `fn(idx)` at every index: one new piece per piece."""
+    out = objarray(shape)
+    for idx in np.ndindex(out.shape):
+        out[idx] = fn(idx)
+    return out
+
+
 class Builder:
     """Emits the new equations of one level; holds each old value whole and/or as pieces."""
 

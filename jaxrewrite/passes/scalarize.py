@@ -51,7 +51,8 @@ from .. import _compat as C
 from .. import _autotune, _cost
 from .. import _walk
 from .._indexmap import gather_map, gather_source_coords, wide_window_dims
-from .._pieces import Builder, literal_like, objarray, rest_positions, rest_shape, shape_of
+from .._pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
+                       shape_of)
 from .._memo import array_key, memo
 from .._report import Decline
 
@@ -154,10 +155,9 @@ def elementwise_emit(b: Builder, eqn, info):
     shape = shape_of(out)
     ins = [b.get_parts(a, axes) if shape_of(a) == shape and shape != () else None
            for a in eqn.invars]
-    P = objarray([shape[d] for d in axes])
-    for idx in np.ndindex(P.shape):
-        atoms = [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)]
-        P[idx] = b.bind1(eqn.primitive, atoms, **eqn.params)
+    P = each_piece([shape[d] for d in axes], lambda idx: b.bind1(
+        eqn.primitive, [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)],
+        **eqn.params))
     return [(axes, P)]
 
 
@@ -178,16 +178,11 @@ def slice_emit(b: Builder, eqn, info):
     P = P[tuple(slice(start[d], limit[d], strides[d]) for d in axes)]
     rest = [d for d in range(len(shape)) if d not in axes]
     full = all(start[d] == 0 and limit[d] == shape[d] and strides[d] == 1 for d in rest)
-    Q = objarray(P.shape)
-    for idx in np.ndindex(P.shape):
-        if full:
-            Q[idx] = P[idx]
-        else:
-            Q[idx] = b.bind1(eqn.primitive, [P[idx]],
-                             start_indices=tuple(start[d] for d in rest),
-                             limit_indices=tuple(limit[d] for d in rest),
-                             strides=tuple(strides[d] for d in rest)
-                             if eqn.params["strides"] else None)
+    Q = each_piece(P.shape, lambda idx: P[idx] if full else b.bind1(
+        eqn.primitive, [P[idx]],
+        start_indices=tuple(start[d] for d in rest),
+        limit_indices=tuple(limit[d] for d in rest),
+        strides=tuple(strides[d] for d in rest) if eqn.params["strides"] else None))
     return [(axes, Q)]
 
 
@@ -209,10 +204,7 @@ def squeeze_emit(b: Builder, eqn, info):
     in_axes = tuple(kept[j] for j in out_axes)
     P = b.get_parts(x, in_axes)
     rest_out = rest_shape(shape_of(out), out_axes)
-    Q = objarray(P.shape)
-    for idx in np.ndindex(P.shape):
-        Q[idx] = b.reshape(P[idx], rest_out)
-    return [(out_axes, Q)]
+    return [(out_axes, each_piece(P.shape, lambda idx: b.reshape(P[idx], rest_out)))]
 
 
 def _reshape_regions(in_shape, out_shape):
@@ -262,10 +254,7 @@ def reshape_emit(b: Builder, eqn, info):
     P = b.get_parts(x, in_axes)
     Q = P.reshape([outs[d] for d in out_axes])
     rest_out = rest_shape(outs, out_axes)
-    R = objarray(Q.shape)
-    for idx in np.ndindex(Q.shape):
-        R[idx] = b.reshape(Q[idx], rest_out)
-    return [(out_axes, R)]
+    return [(out_axes, each_piece(Q.shape, lambda idx: b.reshape(Q[idx], rest_out)))]
 
 
 def broadcast_links(eqn, node):
@@ -325,10 +314,8 @@ def concatenate_emit(b: Builder, eqn, info):
     if dim in axes:
         return [(axes, np.concatenate(Ps, axis=axes.index(dim)))]
     pos = rest_positions(len(shape_of(out)), axes)[dim]
-    Q = objarray(Ps[0].shape)
-    for idx in np.ndindex(Q.shape):
-        Q[idx] = b.bind1(eqn.primitive, [P[idx] for P in Ps], dimension=pos)
-    return [(axes, Q)]
+    return [(axes, each_piece(Ps[0].shape, lambda idx: b.bind1(
+        eqn.primitive, [P[idx] for P in Ps], dimension=pos)))]
 
 
 def stack_links(eqn, node):
@@ -351,10 +338,8 @@ def stack_emit(b: Builder, eqn, info):
     if axis in out_axes:
         return [(out_axes, np.stack(Ps, axis=out_axes.index(axis)))]
     pos = rest_positions(len(shape_of(out)), out_axes)[axis]
-    Q = objarray(Ps[0].shape)
-    for idx in np.ndindex(Q.shape):
-        Q[idx] = b.bind1(eqn.primitive, [P[idx] for P in Ps], axis=pos)
-    return [(out_axes, Q)]
+    return [(out_axes, each_piece(Ps[0].shape, lambda idx: b.bind1(
+        eqn.primitive, [P[idx] for P in Ps], axis=pos)))]
 
 
 def transpose_links(eqn, node):
@@ -375,11 +360,9 @@ def transpose_emit(b: Builder, eqn, info):
     P = np.transpose(P, [in_axes.index(perm[j]) for j in out_axes]) if P.ndim else P
     ipos = rest_positions(len(perm), in_axes)
     rest_perm = tuple(ipos[perm[j]] for j in range(len(perm)) if j not in out_axes)
-    Q = objarray(P.shape)
-    for idx in np.ndindex(P.shape):
-        Q[idx] = (P[idx] if rest_perm == tuple(range(len(rest_perm)))
-                  else b.bind1(eqn.primitive, [P[idx]], permutation=rest_perm))
-    return [(out_axes, Q)]
+    same = rest_perm == tuple(range(len(rest_perm)))
+    return [(out_axes, each_piece(P.shape, lambda idx: P[idx] if same else b.bind1(
+        eqn.primitive, [P[idx]], permutation=rest_perm)))]
 
 
 def rev_links(eqn, node):
@@ -400,10 +383,8 @@ def rev_emit(b: Builder, eqn, info):
     P = P[tuple(slice(None, None, -1) if d in dims else slice(None) for d in axes)]
     pos = rest_positions(len(shape_of(x)), axes)
     rest = tuple(pos[d] for d in dims if d not in axes)
-    Q = objarray(P.shape)
-    for idx in np.ndindex(P.shape):
-        Q[idx] = b.bind1(eqn.primitive, [P[idx]], dimensions=rest) if rest else P[idx]
-    return [(axes, Q)]
+    return [(axes, each_piece(P.shape, lambda idx: b.bind1(
+        eqn.primitive, [P[idx]], dimensions=rest) if rest else P[idx]))]
 
 
 @dataclasses.dataclass
@@ -711,13 +692,7 @@ def _cut(b: Builder, res):
     flat = [P[idx] for _, P in res for idx in np.ndindex(P.shape)]
     outs = b.bind(_prim("optimization_barrier"), flat)
     it = iter(outs)
-    new = []
-    for axes, P in res:
-        Q = objarray(P.shape)
-        for idx in np.ndindex(P.shape):
-            Q[idx] = next(it)
-        new.append((axes, Q))
-    return new
+    return [(axes, each_piece(P.shape, lambda idx: next(it))) for axes, P in res]
 
 
 def _split(jaxpr, an, target, costs):
