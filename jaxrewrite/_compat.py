@@ -141,7 +141,7 @@ def check_jaxpr(jaxpr) -> None:
     _core.check_jaxpr(j)
 
 
-_JAXPR_TYPES = (ClosedJaxpr, Jaxpr)
+JAXPR_TYPES = (ClosedJaxpr, Jaxpr)  # what a param holding a jaxpr holds
 
 
 def params_jaxprs(params) -> Iterator[tuple[str, int | None, Any]]:
@@ -153,10 +153,10 @@ def params_jaxprs(params) -> Iterator[tuple[str, int | None, Any]]:
     carry their bodies.
     """
     for name, val in params.items():
-        if isinstance(val, _JAXPR_TYPES):
+        if isinstance(val, JAXPR_TYPES):
             yield name, None, val
-        elif (type(val) is tuple and val and isinstance(val[0], _JAXPR_TYPES)
-              and all(isinstance(v, _JAXPR_TYPES) for v in val)):
+        elif (type(val) is tuple and val and isinstance(val[0], JAXPR_TYPES)
+              and all(isinstance(v, JAXPR_TYPES) for v in val)):
             for i, v in enumerate(val):
                 yield name, i, v
 

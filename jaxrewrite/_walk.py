@@ -95,9 +95,6 @@ def _map(j, fn, memo, apply=True):
     return out
 
 
-_JAXPR_TYPES = (C.ClosedJaxpr, C.Jaxpr)
-
-
 # id(jaxpr) -> (weak reference, facts). Jaxprs are immutable and every pass walks every level:
 # what a walk learns of a level once (which equations hold jaxprs, and which; that it has no
 # dead code) is kept while the object lives. At 10k equations this is a third of the walking.
@@ -129,8 +126,8 @@ def nested_eqns(jaxpr: C.Jaxpr) -> tuple:
 def has_subjaxprs(eqn) -> bool:
     """Whether `eqn` may hold jaxprs in its params (a cheap test, before `params_jaxprs`)."""
     for v in eqn.params.values():
-        if isinstance(v, _JAXPR_TYPES) or (isinstance(v, tuple) and v
-                                           and isinstance(v[0], _JAXPR_TYPES)):
+        if isinstance(v, C.JAXPR_TYPES) or (isinstance(v, tuple) and v
+                                           and isinstance(v[0], C.JAXPR_TYPES)):
             return True
     return False
 
