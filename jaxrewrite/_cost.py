@@ -59,7 +59,7 @@ class TargetCosts:
     # by default (0: only with gathers="all"). GPU: a scatter is a copy of the operand plus a
     # scatter kernel; the select form over one small concatenate fuses into one kernel (H200,
     # `x.at[:, idx].set(0.0)`: 2 -> 1 kernels, bench/gathers.py). CPU: the concatenate form ran
-    # slower than the scatter there (1.7x), so the CPU keeps the scatter.
+    # slower than the scatter there (1.3-1.7x in two bench/gathers.py runs), so the CPU keeps it.
     scatter_concat_pieces: int = 0
     # Re-rolling (passes/reroll.py): read per-layer operands from their list inside the loop
     # instead of stacking a copy (the parameters, alive through the backward loop). CPU: temp
