@@ -169,6 +169,18 @@ def trade(plan: ScalarizePlan, target: str | None) -> str | None:
     return TRADES[row].format(joins=plan.joins, eqns=plan.eqns_after, cut=cut)
 
 
+def scalarize_piece_bound(largest: int, target: str | None, mode) -> str | None:
+    """Before any analysis: the reason to decline when no split of a level could make a piece
+    worth its loop (`largest`: the biggest piece any split could cut; 0 when none can split),
+    else None. The same verdict `scalarize_decision` reaches after the analysis, found in one
+    look at the level's movers instead of linking every equation."""
+    c = costs(target)
+    if mode == "auto" and 0 < largest < c.min_piece_elements:
+        return (f"pieces of at most {largest} elements: on {target} a loop per piece costs more "
+                f"than the permutation (minimum {c.min_piece_elements})")
+    return None
+
+
 def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | None:
     """None to go ahead, or the reason to decline. `mode` is the `scalarize` option.
 

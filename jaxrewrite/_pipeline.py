@@ -43,14 +43,19 @@ class PassSpec:
     # Passes whose work a change by this one may create (None: every pass, itself included).
     # Only a pass that provably cannot create work elsewhere names a smaller set.
     enables: tuple[str, ...] | None = None
+    # Whether a change by this pass can leave dead equations (then the pipeline removes them).
+    makes_dead_code: bool = True
 
 
 PASSES: tuple[PassSpec, ...] = (
-    PassSpec("fold", "fold", True),
+    # fold is its own fixed point in one sweep (a folded value feeds the later equations of the
+    # same sweep; a specialised body is folded when it is made): it never wakes itself.
+    PassSpec("fold", "fold", True, enables=("gathers", "movement", "scalarize", "dedup", "cse")),
     PassSpec("gathers", "gathers", True),
     PassSpec("movement", "movement", True),
     PassSpec("scalarize", "scalarize", True),
-    PassSpec("dedup", "dedup", True, enables=("cse",)),  # sharing changes no structure
+    # Sharing changes no structure: no work for another pass but cse, no dead code.
+    PassSpec("dedup", "dedup", True, enables=("cse",), makes_dead_code=False),
     PassSpec("cse", "cse", True),
     PassSpec("reroll", "reroll", False),
 )
@@ -177,7 +182,7 @@ def _run(cj, ctx, passes):
         before = snapshot()
         try:
             new, changed = fn(cj, ctx)
-            if changed:
+            if changed and spec.makes_dead_code:
                 new = _walk.dce_closed(new)
             if ctx.options.debug_checks:
                 C.check_jaxpr(new)

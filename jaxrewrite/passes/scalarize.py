@@ -598,6 +598,29 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
     return Analysis(chosen, links, _plan(jaxpr, chosen, links))
 
 
+def largest_piece(jaxpr, costs) -> int:
+    """The biggest piece any split of this level could make (0: none can split).
+
+    Every split class holds a seed: an axis of 2..`max_axis` elements of a mover's operand or
+    result (`Links.seeds`). That value is cut at least along it, so every split makes a piece
+    no bigger than the value's size over its smallest such axis.
+    """
+    best = 0
+    Lit, Drop = C.Literal, C.DropVar
+    for eqn in jaxpr.eqns:
+        rule = RULES.get(eqn.primitive.name)
+        if rule is None or not rule.mover:
+            continue
+        for v in (*eqn.invars, *eqn.outvars):
+            if isinstance(v, (Lit, Drop)):
+                continue
+            shape = shape_of(v)
+            axes = [s for s in shape if 1 < s <= costs.max_axis]
+            if axes:
+                best = max(best, math.prod(shape) // min(axes))
+    return best
+
+
 def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     """Count what splitting would do. A mover counts as removed only if pieces flow through it
     (its result is used in pieces, or its operand is computed in pieces): a stack of whole values
@@ -736,6 +759,12 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     its hard limits (`_cost.scalarize_limit`) always stand."""
     target = ctx.target
     costs = _cost.costs(target)
+    if costs.min_piece_elements and not ctx.options.autotune:
+        # (autotune measures the piece-size verdict instead of taking it)
+        reason = _cost.scalarize_piece_bound(largest_piece(jaxpr, costs), target, mode)
+        if reason is not None:
+            ctx.report.declined(PASS, jaxpr.eqns[0], reason)
+            return jaxpr, False
     an = analyse(jaxpr, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
     if an.plan is None:
         return jaxpr, False
