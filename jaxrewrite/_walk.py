@@ -319,12 +319,13 @@ def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:
     f = facts(jaxpr)
     if f.get("no_dead_code"):
         return jaxpr, False
-    live = {v for v in jaxpr.outvars if not C.is_literal(v)}
+    Lit = C.Literal   # (isinstance inline: this loop sees every equation; a DropVar is
+    live = {v for v in jaxpr.outvars if not isinstance(v, Lit)}   # never in `live`)
     kept = []
     for eqn in reversed(jaxpr.eqns):
-        if C.has_effects(eqn) or any(v in live for v in eqn.outvars if not C.is_dropvar(v)):
+        if eqn.effects or any(v in live for v in eqn.outvars):
             kept.append(eqn)
-            live.update(a for a in eqn.invars if not C.is_literal(a))
+            live.update(a for a in eqn.invars if not isinstance(a, Lit))
     if len(kept) == len(jaxpr.eqns):
         f["no_dead_code"] = True
         return jaxpr, False

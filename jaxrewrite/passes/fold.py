@@ -168,12 +168,11 @@ class _Folder:
         static: dict = {}   # var -> numpy value (every folded value, materialized or not)
         eqns, changed = [], False
         calls = {i for i, subs in _walk.nested_eqns(j) if subs}
+        Lit = C.Literal   # (isinstance inline: this loop sees every equation)
         for i, eqn in enumerate(j.eqns):
-            if env:
-                new_in = [_walk.substitute(a, env) for a in eqn.invars]
-                if any(a is not b for a, b in zip(new_in, eqn.invars)):
-                    eqn = eqn.replace(invars=new_in)
-                    changed = True
+            if env and any(not isinstance(a, Lit) and a in env for a in eqn.invars):
+                eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
+                changed = True
             if i in calls:
                 rep = self.call(eqn, static)
                 if rep is not None:
@@ -213,8 +212,9 @@ class _Folder:
 
     # -- folding one equation --
     def try_fold(self, eqn, static):
+        Lit = C.Literal
         for a in eqn.invars:  # cheapest test first: most equations have a traced operand
-            if not C.is_literal(a) and a not in static:
+            if not isinstance(a, Lit) and a not in static:
                 return None
         if eqn.effects or C.is_stateful(eqn) or eqn.primitive.name in NOT_FOLDED:
             return None

@@ -88,21 +88,33 @@ class _NodeFilter:
         self.limit = limit
         self.cache = cache
         self._axes: dict = {}   # var -> the axes it may be split along (asked once per var)
+        self._by_shape: dict = {}   # shape -> its axes of 2..max_axis elements
 
     def __call__(self, atom, d):
-        if C.is_literal(atom):
-            return None
+        return (atom, d) if d in self.axes(atom) else None
+
+    def axes(self, atom) -> tuple:
+        """The axes `atom` may be split along (none for a literal)."""
+        if isinstance(atom, C.Literal):  # (literals are unhashable)
+            return ()
         axes = self._axes.get(atom)
         if axes is None:
             axes = self._axes[atom] = self._splittable(atom)
-        return (atom, d) if d in axes else None
+        return axes
 
     def _splittable(self, var) -> tuple:
-        if C.is_dropvar(var):
+        if isinstance(var, C.DropVar):
             return ()
-        aval = C.aval_of(var)
-        return tuple(d for d, s in enumerate(shape_of(var))
-                     if 1 < s <= self.max_axis and not _sharded(aval, d))
+        shape = shape_of(var)
+        axes = self._by_shape.get(shape)
+        if axes is None:
+            axes = self._by_shape[shape] = tuple(
+                d for d, s in enumerate(shape) if 1 < s <= self.max_axis)
+        if axes:
+            spec = getattr(getattr(var.aval, "sharding", None), "spec", None)
+            if spec is not None and any(p is not None for p in spec):
+                axes = tuple(d for d in axes if not _sharded(var.aval, d))
+        return axes
 
 
 def _sharded(aval, d) -> bool:
@@ -132,17 +144,21 @@ def elementwise_links(eqn, node) -> Links | None:
     """add(x, y) links axis d of x, y and the result, for every d."""
     out = eqn.outvars[0]
     shape = shape_of(out)
-    shapes = [shape_of(a) for a in eqn.invars]
-    if any(s != shape and s != () for s in shapes):
-        return None
-    if eqn.primitive.name == "bitcast_convert_type" and shapes[0] != shape:
+    full = [out]
+    for a in eqn.invars:
+        s = shape_of(a)
+        if s == shape:
+            full.append(a)
+        elif s != ():
+            return None
+    if eqn.primitive.name == "bitcast_convert_type" and shape_of(eqn.invars[0]) != shape:
         return None
     if not shape:  # rank 0 (e.g. the pieces of an already split level): no axis to link
         return Links([])
-    full = [out] + [a for a, s in zip(eqn.invars, shapes) if s == shape]
+    axes = node.axes
     groups = []
     for d in range(len(shape)):
-        g = [n for n in (node(a, d) for a in full) if n is not None]
+        g = [(a, d) for a in full if d in axes(a)]
         if g:
             groups.append(g)
     return Links(groups)
@@ -630,26 +646,28 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     split_eqns = []          # (ins, outs, kind) with kind 'mover', 'moves' or 'compute'
     piece_use, whole_use = set(), set()
     Lit, Drop = C.Literal, C.DropVar   # (isinstance inline: this loop sees every equation)
-    for i, eqn in enumerate(jaxpr.eqns):
+    # pieces per split value, and the size of its pieces
+    npieces = {v: math.prod([shape_of(v)[d] for d in a]) for v, a in chosen.items()}
+    eqns = jaxpr.eqns
+    for i, eqn in enumerate(eqns):
         ins = [a for a in eqn.invars if not isinstance(a, Lit)]
         if i not in links:
             after += 1
             whole_use.update(ins)
             continue
         outs = [v for v in eqn.outvars if not isinstance(v, Drop)]
-        if any(v in chosen for v in outs) or any(a in chosen for a in ins):
-            n = max((math.prod([shape_of(v)[d] for d in chosen.get(v, ())]) for v in outs),
-                    default=1)
+        out_split = any(v in npieces for v in outs)
+        if out_split or any(a in npieces for a in ins):
             rule = RULES[eqn.primitive.name]
-            moved = rule.mover and any(v in chosen for v in outs)
-            kind = "mover" if moved else "moves" if rule.moves else "compute"
+            kind = "mover" if rule.mover and out_split else "moves" if rule.moves else "compute"
             split_eqns.append((ins, outs, kind))
-            after += 0 if kind != "compute" else n
+            if kind == "compute":
+                after += max([npieces.get(v, 1) for v in outs], default=1)
             piece_use.update(ins)
         else:
             after += 1
             whole_use.update(ins)
-    whole_use.update(a for a in jaxpr.outvars if not C.is_literal(a))
+    whole_use.update(a for a in jaxpr.outvars if not isinstance(a, Lit))
     # Pieces computed (forward through data movement) and pieces computed on (backward).
     made, used = set(), set()
     for ins, outs, kind in split_eqns:
@@ -661,10 +679,15 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     movers = sum(1 for ins, outs, kind in split_eqns if kind == "mover"
                  and (any(v in used for v in outs) or any(a in made for a in ins)))
     joins = sum(1 for v in chosen if v in whole_use)
-    mixed = sum(1 for v in piece_use & whole_use
-                if np.issubdtype(C.aval_of(v).dtype, np.inexact))
-    smallest = min((math.prod(shape_of(v)) // max(1, math.prod([shape_of(v)[d] for d in a]))
-                    for v, a in chosen.items()), default=0)
+    inexact: dict = {}       # dtype -> floating or complex (np.issubdtype is slow)
+    mixed = 0
+    for v in piece_use & whole_use:
+        dt = v.aval.dtype
+        f = inexact.get(dt)
+        if f is None:
+            f = inexact[dt] = bool(np.issubdtype(dt, np.inexact))
+        mixed += f
+    smallest = min((math.prod(shape_of(v)) // max(1, n) for v, n in npieces.items()), default=0)
     return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest)
 
 
