@@ -7,7 +7,8 @@
    N = 1k, 10k, 100k (quick: 1k, 4k). For each: trace and lower medians for jax.jit and
    optimize (paired, caches cleared before each), the ratio, the pipeline's own time (the
    passes, from the report) as a fraction of the user program's trace, and microseconds per
-   equation (linear growth shows as a flat column).
+   equation (linear growth shows as a flat column). The 10k program again with `target='gpu'`:
+   there scalarize has no minimum piece size, so it analyses every equation before declining.
 2. Depth: 100 nested jits (`jit(jit(...(x)))`), trace+lower ratio and a correctness check.
 3. Memory: a program over a large integer constant (1 GB; quick: 64 MB) used in index arithmetic;
    peak traced memory (tracemalloc) of optimize's trace+lower against jax.jit's. The folding cap
@@ -72,19 +73,19 @@ def count_eqns(fn, *args) -> int:
     return _walk.count_eqns(jax.make_jaxpr(fn)(*args))
 
 
-def _pass_time(fn, *args) -> tuple[float, float]:
+def _pass_time(fn, *args, **opts) -> tuple[float, float]:
     """(pipeline seconds, user-trace seconds) of one fresh optimize trace."""
     jax.clear_caches()
-    jaxrewrite.optimize(fn).trace(*args)
+    jaxrewrite.optimize(fn, **opts).trace(*args)
     rep = jaxrewrite.last_report()
     return rep.timings.get("rewrite", 0.0), rep.timings.get("trace", 0.0)
 
 
-def phase_row(case: str, fn, args, repeats: int) -> dict:
-    make = {"jit": lambda: jax.jit(fn), "opt": lambda: jaxrewrite.optimize(fn)}
+def phase_row(case: str, fn, args, repeats: int, **opts) -> dict:
+    make = {"jit": lambda: jax.jit(fn), "opt": lambda: jaxrewrite.optimize(fn, **opts)}
     ph = _common.paired_phases_tl(make, args, repeats) if hasattr(_common, "paired_phases_tl") \
         else _trace_lower(make, args, repeats)
-    passes = [_pass_time(fn, *args) for _ in range(max(1, repeats // 2))]
+    passes = [_pass_time(fn, *args, **opts) for _ in range(max(1, repeats // 2))]
     p_med = statistics.median(p for p, _ in passes)
     t_med = statistics.median(t for _, t in passes)
     n = count_eqns(fn, *args)
@@ -169,6 +170,11 @@ def main(quick: bool = False) -> list[dict]:
             row["ok"] = bool(np.array_equal(np.asarray(got).view(np.uint32),
                                             np.asarray(want).view(np.uint32)))
         rows.append(row)
+    if not quick:
+        # The same 10k program rewritten for the GPU (lowered here for the CPU): scalarize has
+        # no minimum piece size there, so it links every equation before it declines.
+        rows.append(phase_row("size 625 blocks, target='gpu'", size_program(625), (x,), 3,
+                              target="gpu"))
     rows.append(depth_row(100, 3))
     rows.append(memory_row((16 << 20) if quick else (256 << 20)))
     return rows

@@ -183,3 +183,44 @@ def test_random_repeated_segments_roll_within_tolerance(ops, k, weights):
     _close(jaxrewrite.optimize(f, reroll=True)(x, ws), jax.jit(f)(x, ws))
     _close(jax.grad(lambda *a: jaxrewrite.optimize(f, reroll=True)(*a).sum())(x, ws),
            jax.grad(lambda *a: jax.jit(f)(*a).sum())(x, ws))
+
+
+def _rotl(x, n):
+    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
+
+
+def _quarter(a, b, c, d):
+    a = a + b; d = _rotl(d ^ a, 16)  # noqa: E702
+    c = c + d; b = _rotl(b ^ c, 12)  # noqa: E702
+    a = a + b; d = _rotl(d ^ a, 8)  # noqa: E702
+    c = c + d; b = _rotl(b ^ c, 7)  # noqa: E702
+    return a, b, c, d
+
+
+_DIAG = np.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
+
+
+def _chacha_rounds(s, double_rounds=4):
+    """ChaCha20's double rounds on a 4x4 state, diagonals by `jnp.take` (bench/permutations.py)."""
+    cols = lambda s: jnp.stack(_quarter(s[0], s[1], s[2], s[3]))  # noqa: E731
+    for _ in range(double_rounds):
+        s = jnp.take(cols(s).ravel(), _DIAG).reshape(4, 4)
+        s = jnp.take(cols(s).ravel(), np.argsort(_DIAG)).reshape(4, 4)
+    return s
+
+
+def test_split_chacha_double_rounds_roll():
+    """After scalarize makes the 16 words separate arrays, one quarter round repeats 32 times
+    and one round 8 times, but only the double round carries its state alike from copy to copy
+    (columns and diagonals wire the words differently): outline must pick it, and reroll rolls
+    the 4 double rounds into one scan of 4 trips, bit for bit."""
+    import jaxrewrite
+
+    x = np.random.default_rng(0).integers(0, 2 ** 32, (64, 4, 4), dtype=np.uint32)
+    f = jax.vmap(_chacha_rounds)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), reroll=True, target="gpu")
+    assert res.report.counts["scalarize.applied"] >= 1
+    assert res.report.stats["reroll.lengths"] == [4]
+    scans = [e for e in res.jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    assert len(scans) == 1 and scans[0].params["length"] == 4
+    assert_bitwise_equal(jaxrewrite.optimize(f, reroll=True, target="gpu")(x), jax.jit(f)(x))

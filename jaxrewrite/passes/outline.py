@@ -23,6 +23,9 @@ Finding a run, per jaxpr level:
    same way: an operand defined in its own segment comes from the same position in every
    segment; every other operand is an argument of the call (the reroll pass decides which are
    carried, loop-invariant or per iteration, and cuts chains it cannot roll).
+5. Of the runs found, one that rolls (`_rolls`: each segment carries from the one before) is
+   taken first, then the run covering most equations, then fewest arguments, then the
+   shortest segment.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ MIN_EQNS = 8          # shortest segment worth a call (a loop of tiny bodies cos
 MAX_PERIODS = 4       # most frequent distances tried per run search
 MAX_MULTIPLES = 16    # multiples of each tried (a layer of up to 16 identical blocks)
 MAX_RUNS = 8          # runs outlined per level
+LAGS = 8              # occurrences of a signature looked back at for candidate periods
 
 
 def _signatures(eqns, keyer: Keyer) -> np.ndarray:
@@ -54,17 +58,23 @@ def _signatures(eqns, keyer: Keyer) -> np.ndarray:
 
 
 def _periods(ids: np.ndarray, min_len: int) -> list[int]:
-    last: dict = {}
+    """Candidate segment lengths: distances between occurrences of one signature, `LAGS` apart
+    (a vectorised op split into 4 pieces repeats its signature 4 times in a row: the distance
+    to the next round is 4 occurrences away), the `MAX_PERIODS` that align most equations with
+    their copy one period later, and their multiples."""
+    seen: dict = {}
     gaps: collections.Counter = collections.Counter()
     for i, s in enumerate(ids.tolist()):
         if s >= 0:
-            if s in last:
-                gaps[i - last[s]] += 1
-            last[s] = i
-    # the most frequent distances, and their multiples (a layer of 3 identical blocks repeats
-    # with period 3 blocks, though each equation recurs every block)
-    top = [g for g, _ in gaps.most_common(MAX_PERIODS)]
+            prev = seen.setdefault(s, collections.deque(maxlen=LAGS))
+            gaps.update(i - j for j in prev)
+            prev.append(i)
     limit = len(ids) // max(min_len, 1)
+    cands = [g for g, _ in gaps.most_common(4 * MAX_PERIODS) if g <= limit]
+    aligned = {g: int(np.count_nonzero(ids[:-g] == ids[g:])) for g in cands}
+    top = sorted(cands, key=lambda g: (-aligned[g], g))[:MAX_PERIODS]
+    # ... and their multiples (a layer of 3 identical blocks repeats with period 3 blocks,
+    # though each equation recurs every block)
     out = set()
     for g in top:
         first = max(1, -(-MIN_EQNS // g))          # the smallest multiple of g worth a call
@@ -140,6 +150,32 @@ def _verify(eqns, outvars, p: int, L: int, k: int):
     return list(groups.values()), sorted(exports), slots
 
 
+def _rolls(eqns, p: int, L: int, k: int, slots) -> bool:
+    """Whether the run is a chain `reroll` can roll: every segment after the first takes, in each
+    argument slot, either a value from outside the run or the same output of the segment just
+    before it (a carry, wired alike in every segment). ChaCha20's 16 words: one quarter round
+    repeats 80 times, but four in a row read the same state; a single round repeats 20 times,
+    but columns and diagonals permute the words differently; the double round is the chain."""
+    pos: dict = {}
+    for m in range(k):
+        for o in range(L):
+            for q, v in enumerate(eqns[p + m * L + o].outvars):
+                pos[v] = (m, o, q)
+    wiring = None
+    for m in range(1, k):
+        link = []
+        for a in slots[m]:
+            d = pos.get(a)
+            if d is not None and d[0] != m - 1:
+                return False
+            link.append(None if d is None else d[1:])
+        if wiring is None:
+            wiring = link
+        elif link != wiring:
+            return False
+    return wiring is not None and any(w is not None for w in wiring)
+
+
 def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
     best = None
     cross = None
@@ -155,8 +191,10 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
                 k = (j + L - phase) // L
                 if k >= min_len:
                     found = _verify(eqns, outvars, phase, L, k)
-                    # most equations covered, then fewest call arguments
-                    score = None if found is None else (k * L, -len(found[0]))
+                    # a chain first (only a chain rolls), then most equations covered, fewest
+                    # call arguments, shortest body (most trips)
+                    score = None if found is None else (
+                        _rolls(eqns, phase, L, k, found[2]), k * L, -len(found[0]), -L)
                     if score is not None and (best is None or score > best[0]):
                         best = (score, (phase, L, k, found))
     return None if best is None else best[1]
