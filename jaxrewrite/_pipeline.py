@@ -13,7 +13,9 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
    (1-6 repeat until nothing changes, at most `max_rounds` times; each pass only removes
    or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.
    A pass runs again only when a pass that may create work for it (`PassSpec.enables`) changed
-   the program since it last ran: dedup only shares objects, so it wakes cse and nothing else.)
+   the program since it last ran: dedup only shares objects, so it wakes cse and nothing else;
+   fold reaches its own fixed point in one sweep, so it never wakes itself. A pass's change is
+   followed by dead-code elimination unless the pass cannot leave dead code (dedup).)
 7. reroll     - chains of identical calls, and runs of repeated inline code (outlined first,
                 `passes/outline.py`), become `lax.scan` (once, at the end; off by default).
 

@@ -1,6 +1,8 @@
 """The rewrite's own cost: the pipeline does not re-run a pass on a program it already left
 unchanged without recording anything, and does re-run one that recorded something; a change
 wakes only the passes it can create work for (`PassSpec.enables`)."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -98,3 +100,54 @@ def test_a_change_by_default_wakes_every_pass():
     # already ran after the change, and nothing changed since
     assert runs == {"first": 2, "changer": 2, "last": 1}
     assert ctx.report.counts["pipeline.rounds"] == 2
+
+
+def test_a_pass_that_makes_no_dead_code_is_not_followed_by_dce(monkeypatch):
+    """`PassSpec.makes_dead_code=False` (dedup: sharing removes nothing) skips the DCE walk."""
+    from jaxrewrite import _walk
+    dce_calls = []
+    monkeypatch.setattr(_walk, "dce_closed", lambda cj: dce_calls.append(cj) or cj)
+    for makes_dead_code, expected in ((False, 0), (True, 1)):
+        dce_calls.clear()
+        runs, passes = _wake_passes(enables=())
+        passes[1] = (dataclasses.replace(passes[1][0], makes_dead_code=makes_dead_code),
+                     passes[1][1])
+        _pipeline._run(_program(), _pipeline.Context(Options.make(**_NO_PASSES), Report()),
+                       passes)
+        assert len(dce_calls) == expected
+
+
+def test_fold_runs_once_when_only_fold_changes(monkeypatch):
+    """The real pipeline on a program where only fold has work: fold folds the index arithmetic
+    of a static `x[perm]` once and does not run again on its own output."""
+    import numpy as np
+    from jaxrewrite.passes import fold
+    calls = []
+    real = fold.run
+    monkeypatch.setattr(fold, "run", lambda cj, ctx: calls.append(1) or real(cj, ctx))
+    perm = np.array([2, 0, 1])
+    cj = jax.make_jaxpr(lambda x: jnp.sin(x)[perm])(jnp.ones(3))
+    res = _pipeline.rewrite(cj, Options.make(gathers=False, movement=False, scalarize=False,
+                                             dedup=False, cse=False))
+    assert res.report.counts["fold.folded"] >= 1
+    assert len(calls) == 1 and res.report.counts["pipeline.rounds"] == 1
+
+
+def test_scalarize_declines_small_pieces_without_linking(monkeypatch):
+    """On the CPU ("auto": pieces of at least 1024 elements) a level whose movers hold no value
+    that could give such a piece is declined before any equation is linked; the GPU row (no
+    minimum) and autotune (which measures that verdict) still analyse it."""
+    import numpy as np
+    import jaxrewrite
+    from jaxrewrite.passes import scalarize
+    linked = []
+    real = scalarize.analyse
+    monkeypatch.setattr(scalarize, "analyse", lambda *a, **k: linked.append(1) or real(*a, **k))
+    perm = np.array([3, 0, 2, 1])
+    cj = jax.make_jaxpr(lambda x: (x * 2)[:, perm] + 1)(jnp.ones((8, 4), jnp.int32))
+    res = jaxrewrite.rewrite_jaxpr_with_report(cj, target="cpu")
+    assert not linked
+    assert any(d.pass_name == "scalarize" and "pieces of at most 8 elements" in d.reason
+               for d in res.report.declines)
+    jaxrewrite.rewrite_jaxpr_with_report(cj, target="gpu")
+    assert linked
