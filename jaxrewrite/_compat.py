@@ -244,7 +244,11 @@ _siu.register_exclusion(_PKG_DIR)  # jaxrewrite's own frames are not the user's 
 
 def user_location(eqn) -> str | None:
     """`file.py:line` of the user's frame that produced `eqn`, or None."""
-    si = eqn.source_info
+    return source_location(eqn.source_info)
+
+
+def source_location(si) -> str | None:
+    """`file.py:line` of the user's frame in an equation's source info, or None."""
     if si is None or si.traceback is None:
         return None
     frame = _siu.user_frame(si.traceback)

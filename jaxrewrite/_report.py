@@ -17,17 +17,52 @@ from . import _compat as C
 logger = logging.getLogger("jaxrewrite")
 
 
-@dataclasses.dataclass(frozen=True)
 class Event:
-    """One rewrite applied or declined."""
-    pass_name: str
-    before: tuple[str, ...]          # primitive name(s) replaced
-    after: tuple[str, ...]           # primitive name(s) emitted ('' entries never appear)
-    location: str | None             # user's `file.py:line`
-    reason: str | None = None        # set for a decline
+    """One rewrite applied or declined.
+
+    `location` (the user's `file.py:line`) is looked up when first read: finding the user's frame
+    in a traceback costs more than recording the event (a 10k-equation program records over a
+    thousand), and most reports are never read. Only source infos are kept until then, never
+    equations (whose literals may be large).
+    """
+    __slots__ = ("pass_name", "before", "after", "reason", "_location", "_where")
+
+    def __init__(self, pass_name: str, before: tuple, after: tuple, location: str | None = None,
+                 reason: str | None = None, *, where=None):
+        self.pass_name = pass_name
+        self.before = before          # primitive name(s) replaced
+        self.after = after            # primitive name(s) emitted
+        self.reason = reason          # set for a decline
+        self._location = location
+        self._where = where           # (source info, the call sites' source infos), unread
+
+    @property
+    def location(self) -> str | None:
+        if self._where is not None:
+            si, sites = self._where
+            loc = C.source_location(si) if si is not None else None
+            if loc is None:
+                loc = next((l for l in map(C.source_location, reversed(sites)) if l is not None),
+                           None)
+            self._location, self._where = loc, None
+        return self._location
+
+    def _key(self):
+        return (self.pass_name, self.before, self.after, self.location, self.reason)
+
+    def __eq__(self, other):
+        return isinstance(other, Event) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return (f"Event(pass_name={self.pass_name!r}, before={self.before!r}, "
+                f"after={self.after!r}, location={self.location!r}, reason={self.reason!r})")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dict(pass_name=self.pass_name, before=self.before, after=self.after,
+                    location=self.location, reason=self.reason)
 
 
 @dataclasses.dataclass
@@ -42,13 +77,15 @@ class Report:
     # -- recording (used by passes) --
     def applied(self, pass_name: str, eqn, after=(), n: int = 1) -> None:
         after = tuple(a if isinstance(a, str) else a.primitive.name for a in after)
-        self.rewrites.append(Event(pass_name, _prims(eqn), after, _loc(eqn)))
+        self.rewrites.append(Event(pass_name, _prims(eqn), after, where=_where(eqn)))
         self.counts[f"{pass_name}.applied"] += n
 
     def declined(self, pass_name: str, eqn, reason: str) -> None:
-        self.declines.append(Event(pass_name, _prims(eqn), (), _loc(eqn), reason))
+        ev = Event(pass_name, _prims(eqn), (), reason=reason, where=_where(eqn))
+        self.declines.append(ev)
         self.counts[f"{pass_name}.declined"] += 1
-        logger.debug("%s declined at %s: %s", pass_name, _loc(eqn), reason)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s declined at %s: %s", pass_name, ev.location, reason)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] += n
@@ -71,14 +108,14 @@ def _prims(eqn) -> tuple[str, ...]:
     return (eqn.primitive.name,)
 
 
-def _loc(eqn):
+def _where(eqn) -> tuple:
+    """What `Event.location` is looked up from: the equation's source info, then (where JAX cut
+    the traceback at a jit boundary) the enclosing call sites' (outermost first; read from the
+    innermost)."""
     if isinstance(eqn, (list, tuple)):
         eqn = eqn[0] if eqn else None
-    loc = C.user_location(eqn) if eqn is not None else None
-    if loc is None:
-        stack = getattr(_SITES, "stack", ())
-        loc = next((l for l in map(C.user_location, reversed(stack)) if l is not None), None)
-    return loc
+    sites = tuple(e.source_info for e in getattr(_SITES, "stack", ()))
+    return (None if eqn is None else eqn.source_info, sites)
 
 
 _SITES = threading.local()

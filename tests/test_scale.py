@@ -118,11 +118,6 @@ def test_folding_cap_holds_on_a_large_constant():
 slow = pytest.mark.skipif(not os.environ.get("JAXREWRITE_SLOW"),
                           reason="issue-size figures: set JAXREWRITE_SLOW=1 (and -m slow)")
 
-_PASS_COST = ("the passes take ~0.32 of the trace here (target 0.25): every value of this program "
-              "has a small static axis, so scalarize analyses every equation; bench/scale.py "
-              "prints the figures, the report's timings split them per pass")
-
-
 @pytest.mark.slow
 @slow
 def test_ten_thousand_equations_trace_lower_at_most_twice_jax_jit():
@@ -134,11 +129,11 @@ def test_ten_thousand_equations_trace_lower_at_most_twice_jax_jit():
 
 @pytest.mark.slow
 @slow
-@pytest.mark.xfail(strict=False, reason=_PASS_COST)
 def test_ten_thousand_equations_passes_at_most_a_quarter_of_the_trace():
     fn = scale.size_program(625)
-    rewrite, trace = scale._pass_time(fn, X)
-    assert rewrite <= 0.25 * trace, (rewrite, trace)
+    samples = [scale._pass_time(fn, X) for _ in range(3)]
+    ratio = sorted(rewrite / trace for rewrite, trace in samples)[1]  # the median
+    assert ratio <= 0.25, samples
 
 
 @pytest.mark.slow

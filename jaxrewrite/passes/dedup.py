@@ -71,7 +71,9 @@ def _jit_bodies(cj) -> tuple[int, int]:
     """(jit equations, distinct jit body objects) at every level."""
     calls, bodies = 0, set()
     for j in _walk.iter_jaxprs(cj):
-        for e in (j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns:
+        j = j.jaxpr if isinstance(j, C.ClosedJaxpr) else j
+        for i, _ in _walk.nested_eqns(j):  # (cached per jaxpr: only equations holding jaxprs)
+            e = j.eqns[i]
             if C.is_jit(e):
                 calls += 1
                 bodies.add(id(e.params["jaxpr"]))
