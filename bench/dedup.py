@@ -23,6 +23,13 @@ Rows (one process, paired medians; ratios against jax.jit or the hand-written sc
   (loop-body launches x trips), from XLA's deviceless GPU compile.
 
     python bench/dedup.py [--quick] [--gpu-target h200]
+    python bench/dedup.py --stack 24 [--repeats 5]     # only the stack rows, medians of 5
+
+The full run compiles N >= 24 once per variant (N = 64 takes minutes per compile); `--stack`
+gives those rows with medians. XLA:CPU's multi-output fusion, which is off by default, is what
+lets one kernel write many output slices; to see what it changes, run the same command under
+`XLA_FLAGS=--xla_backend_extra_options=xla_cpu_use_multi_output_fusion` (a user-side flag:
+`compiler_options` does not accept it).
 """
 from __future__ import annotations
 
@@ -253,7 +260,14 @@ def inline_loop_row(repeats: int) -> dict:
                 max_rel_diff=_rel(comp["opt"](x), comp["jit"](x)))
 
 
-def main(quick: bool = False, gpu_target: str | None = None) -> list[dict]:
+def main(quick: bool = False, gpu_target: str | None = None, stack_only: tuple = (),
+         repeats: int | None = None) -> list[dict]:
+    if stack_only:  # only the stack's gradient rows, for these N (`--stack 24 --repeats 5`)
+        rows = []
+        for n in stack_only:
+            rows.extend(stack_rows(n, d=64, t=32, repeats=repeats or 5))
+            _progress(rows[-1])
+        return rows
     rows = [inline_loop_row(3 if quick else 5)]
     _progress(rows[-1])
     ns = (8, 16, 50) if quick else (8, 16, 32, 50, 64)
@@ -328,7 +342,10 @@ def _cli():
     from _common import markdown_table, write_results
     quick = "--quick" in sys.argv[1:]
     gpu = sys.argv[sys.argv.index("--gpu-target") + 1] if "--gpu-target" in sys.argv else None
-    rows = main(quick, gpu)
+    stack = tuple(int(n) for n in sys.argv[sys.argv.index("--stack") + 1].split(",")) \
+        if "--stack" in sys.argv else ()
+    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else None
+    rows = main(quick, gpu, stack, repeats)
     print(markdown_table([r for r in rows if r["case"] == "inline loop"]))
     print()
     print(markdown_table([r for r in rows if r["case"] == "closures"], CLOSURE_COLUMNS))
