@@ -114,11 +114,28 @@ def cpu_fusions(compiled) -> int:
         return sum(1 for line in text.splitlines() if " fusion(" in line and "=" in line and "ENTRY" not in line)
 
 
+def gpu_launches(hlo: str, trips: int = 1) -> int:
+    """Kernel launches per call in optimized GPU HLO text: ENTRY's launches, plus each while
+    loop's body launches x `trips` and its condition's x (`trips` + 1)."""
+    import re
+    launch = re.compile(r"\s(fusion|custom-call|copy|sort|conditional|gather|scatter|concatenate)\(")
+    blocks = {b.split("(")[0].split()[-1].lstrip("%") if b.strip() else "": b
+              for b in re.split(r"\n(?=\S)", hlo)}
+    entry = next(b for b in blocks.values() if b.startswith("ENTRY"))
+    total = len(launch.findall(entry))
+    for m in re.finditer(r"while\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)", hlo):
+        cond, body = m.group(1), m.group(2)
+        total += trips * len(launch.findall(blocks.get(body, ""))) + (trips + 1) * len(
+            launch.findall(blocks.get(cond, "")))
+    return total
+
+
 def write_results(name: str, rows: list[dict], meta: dict | None = None) -> str:
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")
     payload = dict(name=name, jax=jax.__version__, backend=jax.default_backend(),
-                   date=time.strftime("%Y-%m-%d %H:%M:%S"), meta=meta or {}, rows=rows)
+                   date=time.strftime("%Y-%m-%d %H:%M:%S"), xla_flags=os.environ.get("XLA_FLAGS"),
+                   meta=meta or {}, rows=rows)
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=str)
     return path

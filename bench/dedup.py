@@ -42,10 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 
 try:
-    from _common import calls_per_sample, mlir_functions, paired, paired_calls, paired_phases
+    from _common import (calls_per_sample, gpu_launches, mlir_functions, paired, paired_calls,
+                         paired_phases)
 except ImportError:  # imported as bench.dedup
-    from bench._common import (calls_per_sample, mlir_functions, paired, paired_calls,
-                               paired_phases)
+    from bench._common import (calls_per_sample, gpu_launches, mlir_functions, paired,
+                               paired_calls, paired_phases)
 
 import jaxrewrite
 
@@ -298,22 +299,6 @@ def _progress(row):
 
 # --- GPU launches (deviceless H200 compile; run with the gpu-aot environment) -------------------
 
-def _launches(hlo: str, trips: dict) -> int:
-    """Kernel launches per call: ENTRY's launches + each while body's launches x its trips."""
-    import re
-    launch = re.compile(r"\s(fusion|custom-call|copy|sort|conditional|gather|scatter|concatenate)\(")
-    blocks = {b.split("(")[0].split()[-1].lstrip("%") if b.strip() else "": b
-              for b in re.split(r"\n(?=\S)", hlo)}
-    entry = next(b for b in blocks.values() if b.startswith("ENTRY"))
-    total = len(launch.findall(entry))
-    for m in re.finditer(r"while\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)", hlo):
-        cond, body = m.group(1), m.group(2)
-        n = trips.get("n", 1)
-        total += n * len(launch.findall(blocks.get(body, ""))) + (n + 1) * len(
-            launch.findall(blocks.get(cond, "")))
-    return total
-
-
 def gpu_rows(target: str, n: int = 8, d: int = 64, t: int = 32) -> list[dict]:
     """Kernel launches per call of the stack's gradient for `target` (deviceless GPU compile):
     unrolled (jax.jit) vs rolled with unroll=1, 2, 4, n (loop body launches x trips)."""
@@ -332,7 +317,7 @@ def gpu_rows(target: str, n: int = 8, d: int = 64, t: int = 32) -> list[dict]:
     for form, fn, trips in variants:
         hlo = _xla.gpu_compile(flat(fn), *leaves, target=target).as_text()
         rows.append(dict(case=f"gpu {target} grad(stack)", N=n, form=form, loop_trips=trips,
-                         launches_per_call=_launches(hlo, {"n": trips}),
+                         launches_per_call=gpu_launches(hlo, trips),
                          whiles=hlo.count(" while(")))
     return rows
 
@@ -358,7 +343,8 @@ def _cli():
     if gpu_rows_:
         print()
         print(markdown_table(gpu_rows_))
-    print(f"\nwritten {write_results(NAME, rows, dict(quick=quick))}")
+    name = f"{NAME}_stack" if stack else NAME  # a partial run never replaces the full results
+    print(f"\nwritten {write_results(name, rows, dict(quick=quick, stack=stack, repeats=repeats))}")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,17 @@
    - `concat`: one concatenate of the contiguous runs of the raveled state;
    - `rows`:   4 separate row arrays, a static `jnp.take` per row;
    - `words`:  by hand, 16 separate words (the diagonal step is renaming);
-   - `take+optimize`: the `take` form through `jaxrewrite.optimize` (movement + scalarize).
+   - `take+optimize`: the `take` form through `jaxrewrite.optimize` (movement + scalarize);
+   - `take+optimize(reroll)`: the same with `reroll=True`: the split double rounds become one
+     scan of 10 trips (`unroll=2`: 5 trips of two double rounds).
    vmapped over 65,536 blocks (4,096 with --quick). Every form is checked bit-exact against the
    RFC 8439 section 2.3.2 test vector and against `jax.jit` of the `take` form.
 2. The seed's 7-iteration program (bench/seed.py), interdependent column function, with the
    `lax.gather`, `jnp.take` and ravel-index-reshape permutations and with none.
 
-Columns: H200 kernels (deviceless XLA compile, when the gpu-aot extra is importable and
-JAX_PLATFORMS=cpu; `optimize` rows with target="gpu"), CPU fusions, CPU run time (paired
+Columns: H200 kernels in the compiled module and launches per call (a loop's kernels once per
+trip) (deviceless XLA compile, when the gpu-aot extra is importable and JAX_PLATFORMS=cpu;
+`optimize` rows with target="gpu"), CPU fusions, CPU run time (paired
 medians) and its ratio to the hand-written form (ChaCha) or to the no-permutation form (seed),
 compile seconds for the CPU (paired medians of 5, fresh caches; one sample with --quick) and
 the H200 — wall, and process CPU time (steadier on a shared machine) — each including trace
@@ -41,7 +44,8 @@ import jaxrewrite  # noqa: E402
 from jaxrewrite import _xla  # noqa: E402
 
 NAME = "permutations"
-COLUMNS = ("program", "form", "kernels_h200", "cpu_fusions", "run_ms", "run_ratio",
+COLUMNS = ("program", "form", "kernels_h200", "launches_h200", "cpu_fusions", "run_ms",
+           "run_ratio",
            "compile_s_cpu", "compile_cpu_s_cpu", "compile_s_h200", "compile_cpu_s_h200", "exact")
 
 # --- ChaCha20 ------------------------------------------------------------------------------------
@@ -156,7 +160,9 @@ def _compile_s(jitted, arg):
     return time.perf_counter() - t, time.process_time() - p, compiled
 
 
-def _h200(make, spec) -> dict:
+def _h200(make, spec, trips: int = 1) -> dict:
+    """H200 kernels in the compiled module, launches per call (a loop's kernels once per trip),
+    and compile seconds, from XLA's deviceless compile."""
     if not (_xla.gpu_aot_available() and "cpu" in (jax.config.jax_platforms or "")):
         return {}
     jax.clear_caches()
@@ -164,14 +170,16 @@ def _h200(make, spec) -> dict:
     c = _xla.gpu_compile(make(), spec)
     # process CPU seconds too: on a shared machine they vary less than wall seconds
     return dict(kernels_h200=_xla.gpu_kernels(c), compile_s_h200=time.perf_counter() - t,
-                compile_cpu_s_h200=time.process_time() - p)
+                compile_cpu_s_h200=time.process_time() - p,
+                launches_h200=_common.gpu_launches(c.as_text(), trips))
 
 
 def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
-           gpu_variants: dict, compile_repeats: int = 1) -> list[dict]:
+           gpu_variants: dict, compile_repeats: int = 1, trips: dict | None = None) -> list[dict]:
     """`variants`: name → zero-argument maker of a fresh jitted callable; `gpu_variants` replaces
     some for the H200 compile (optimize with target="gpu": the GPU rows of the cost model)."""
     rows, calls = [], {}
+    trips = trips or {}  # variant -> trips of its loop (rolled forms), for launches per call
     spec = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
     # Compile seconds: paired (every variant once per round, fresh caches), medians.
     walls: dict = {k: [] for k in variants}
@@ -191,7 +199,7 @@ def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
                    compile_s_cpu=statistics.median(walls[name]),
                    compile_cpu_s_cpu=statistics.median(cpus[name]),
                    exact=bool(np.array_equal(out, reference)))
-        row.update(_h200(gpu_variants.get(name, make), spec))
+        row.update(_h200(gpu_variants.get(name, make), spec, trips.get(name, 1)))
         rows.append(row)
         calls[name] = (lambda c=compiled: c(arg))
     med = _common.paired(calls, repeats=repeats)
@@ -208,17 +216,22 @@ def chacha(quick: bool) -> list[dict]:
     assert np.array_equal(ref[0], RFC_OUT), "the take form does not match RFC 8439 2.3.2"
     variants = {k: (lambda f=f: jax.jit(jax.vmap(f))) for k, f in FORMS.items()}
     variants["take+optimize"] = lambda: jaxrewrite.optimize(jax.vmap(chacha_take))
-    # reroll=True: the split double rounds roll into one scan of 10 trips (compile time)
-    variants["take+optimize(reroll)"] = lambda: jaxrewrite.optimize(jax.vmap(chacha_take),
-                                                                    reroll=True)
-    gpu = {"take+optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu"),
-           "take+optimize(reroll)": lambda: jaxrewrite.optimize(jax.vmap(chacha_take),
-                                                                target="gpu", reroll=True)}
+    # reroll=True: the split double rounds roll into one scan of 10 trips (compile time);
+    # unroll=2 trades some of it back for half the trips
+    gpu = {"take+optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu")}
+    trips = {}
+    for u in (1, 2):
+        name = "take+optimize(reroll)" + ("" if u == 1 else f" unroll={u}")
+        variants[name] = lambda u=u: jaxrewrite.optimize(jax.vmap(chacha_take), reroll=True,
+                                                         unroll=u)
+        gpu[name] = lambda u=u: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu",
+                                                    reroll=True, unroll=u)
+        trips[name] = -(-ROUNDS // u)
     if quick:  # the slow-to-compile forms are left to the full run
         variants = {k: v for k, v in variants.items()
                     if k in ("take", "words", "take+optimize", "take+optimize(reroll)")}
     rows = _table("chacha20", variants, x, "words", ref, 3 if quick else 7, gpu,
-                  compile_repeats=1 if quick else 5)
+                  compile_repeats=1 if quick else 5, trips=trips)
     single = np.asarray(jaxrewrite.optimize(chacha_take)(jnp.asarray(RFC_STATE)))
     for row in rows:
         row["exact"] = row["exact"] and (row["form"] != "take+optimize"
