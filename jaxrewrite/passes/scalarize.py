@@ -88,7 +88,6 @@ class _NodeFilter:
         self.limit = limit
         self.cache = cache
         self._axes: dict = {}   # var -> the axes it may be split along (asked once per var)
-        self._by_shape: dict = {}   # shape -> its axes of 2..max_axis elements
 
     def __call__(self, atom, d):
         return (atom, d) if d in self.axes(atom) else None
@@ -103,18 +102,11 @@ class _NodeFilter:
         return axes
 
     def _splittable(self, var) -> tuple:
-        if isinstance(var, C.DropVar):
+        if C.is_dropvar(var):
             return ()
-        shape = shape_of(var)
-        axes = self._by_shape.get(shape)
-        if axes is None:
-            axes = self._by_shape[shape] = tuple(
-                d for d, s in enumerate(shape) if 1 < s <= self.max_axis)
-        if axes:
-            spec = getattr(getattr(var.aval, "sharding", None), "spec", None)
-            if spec is not None and any(p is not None for p in spec):
-                axes = tuple(d for d in axes if not _sharded(var.aval, d))
-        return axes
+        aval = C.aval_of(var)
+        return tuple(d for d, s in enumerate(shape_of(var))
+                     if 1 < s <= self.max_axis and not _sharded(aval, d))
 
 
 def _sharded(aval, d) -> bool:
@@ -646,7 +638,7 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
     split_eqns = []          # (ins, outs, kind) with kind 'mover', 'moves' or 'compute'
     piece_use, whole_use = set(), set()
     Lit, Drop = C.Literal, C.DropVar   # (isinstance inline: this loop sees every equation)
-    # pieces per split value, and the size of its pieces
+    # how many pieces each split value is cut into
     npieces = {v: math.prod([shape_of(v)[d] for d in a]) for v, a in chosen.items()}
     eqns = jaxpr.eqns
     for i, eqn in enumerate(eqns):
