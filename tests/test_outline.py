@@ -1,4 +1,7 @@
 """Outlining repeated inline code into calls of one body (used by reroll)."""
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +10,9 @@ from jaxrewrite import _compat as C
 from jaxrewrite.passes import outline
 from jaxrewrite._structural import Keyer
 from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import permutations as P  # noqa: E402  (ChaCha20, as bench/permutations.py writes it)
 
 
 def _layer(x, w):
@@ -185,30 +191,6 @@ def test_random_repeated_segments_roll_within_tolerance(ops, k, weights):
            jax.grad(lambda *a: jax.jit(f)(*a).sum())(x, ws))
 
 
-def _rotl(x, n):
-    return (x << np.uint32(n)) | (x >> np.uint32(32 - n))
-
-
-def _quarter(a, b, c, d):
-    a = a + b; d = _rotl(d ^ a, 16)  # noqa: E702
-    c = c + d; b = _rotl(b ^ c, 12)  # noqa: E702
-    a = a + b; d = _rotl(d ^ a, 8)  # noqa: E702
-    c = c + d; b = _rotl(b ^ c, 7)  # noqa: E702
-    return a, b, c, d
-
-
-_DIAG = np.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
-
-
-def _chacha_rounds(s, double_rounds=4):
-    """ChaCha20's double rounds on a 4x4 state, diagonals by `jnp.take` (bench/permutations.py)."""
-    cols = lambda s: jnp.stack(_quarter(s[0], s[1], s[2], s[3]))  # noqa: E731
-    for _ in range(double_rounds):
-        s = jnp.take(cols(s).ravel(), _DIAG).reshape(4, 4)
-        s = jnp.take(cols(s).ravel(), np.argsort(_DIAG)).reshape(4, 4)
-    return s
-
-
 def test_split_chacha_double_rounds_roll():
     """After scalarize makes the 16 words separate arrays, one quarter round repeats 32 times
     and one round 8 times, but only the double round carries its state alike from copy to copy
@@ -217,7 +199,7 @@ def test_split_chacha_double_rounds_roll():
     import jaxrewrite
 
     x = np.random.default_rng(0).integers(0, 2 ** 32, (64, 4, 4), dtype=np.uint32)
-    f = jax.vmap(_chacha_rounds)
+    f = jax.vmap(lambda s: P.chacha_take(s, rounds=4))  # 4 double rounds, diagonals by take
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), reroll=True, target="gpu")
     assert res.report.counts["scalarize.applied"] >= 1
     assert res.report.stats["reroll.lengths"] == [4]
