@@ -101,17 +101,23 @@ def _crossings(eqns) -> np.ndarray:
     return np.cumsum(diff)[:n + 1]
 
 
+def _positions(eqns, p: int, L: int, k: int) -> dict:
+    """Each value defined in segments [p + m L, p + (m+1) L), m < k -> (m, offset, output)."""
+    pos: dict = {}
+    for m in range(k):
+        for o in range(L):
+            for q, v in enumerate(eqns[p + m * L + o].outvars):
+                pos[v] = (m, o, q)
+    return pos
+
+
 def _verify(eqns, outvars, p: int, L: int, k: int):
     """(slot groups, exports, external atoms per segment) when segments [p + m L, p + (m+1) L)
     for m < k reference each other alike; else None. A slot is an operand position (offset,
     operand index) not defined in its own segment; slots that hold the same atom in every
     segment are one argument (a group). Exports are the (offset, output) positions whose value
     is used outside its own segment."""
-    pos: dict = {}
-    for m in range(k):
-        for o in range(L):
-            for q, v in enumerate(eqns[p + m * L + o].outvars):
-                pos[v] = (m, o, q)
+    pos = _positions(eqns, p, L, k)
     ref0 = None
     slots: list = []       # per segment: the external atoms, in slot order
     for m in range(k):
@@ -156,11 +162,7 @@ def _rolls(eqns, p: int, L: int, k: int, slots) -> bool:
     before it (a carry, wired alike in every segment). ChaCha20's 16 words: one quarter round
     repeats 80 times, but four in a row read the same state; a single round repeats 20 times,
     but columns and diagonals permute the words differently; the double round is the chain."""
-    pos: dict = {}
-    for m in range(k):
-        for o in range(L):
-            for q, v in enumerate(eqns[p + m * L + o].outvars):
-                pos[v] = (m, o, q)
+    pos = _positions(eqns, p, L, k)
     wiring = None
     for m in range(1, k):
         link = []
