@@ -100,13 +100,12 @@ def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):
     seen: dict = {}
     eqns = []
     hits = 0
+    Lit, literal_key = C.Literal, keyer.literal   # (this loop sees every equation)
     for eqn in jaxpr.eqns:
-        if env:
-            new_in = [_walk.substitute(a, env) for a in eqn.invars]
-            if any(a is not b for a, b in zip(new_in, eqn.invars)):
-                eqn = eqn.replace(invars=new_in)
+        if env and any(not isinstance(a, Lit) and a in env for a in eqn.invars):
+            eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
         # A variable is its own key (jax's Var hashes and compares by identity); literals by value.
-        in_keys = tuple(keyer.literal(a) if C.is_literal(a) else a for a in eqn.invars)
+        in_keys = tuple(literal_key(a) if isinstance(a, Lit) else a for a in eqn.invars)
         # Bucketed by (primitive, operands) first: most equations share that with none before
         # them, and their full key (params, avals, ...) is then never needed.
         bucket = seen.get((eqn.primitive, in_keys))

@@ -271,22 +271,26 @@ def simplify(jaxpr, report, rules=RULES):
     Returns (jaxpr, changed)."""
     producers: dict = {}
     uses: dict = {}
+    Lit = C.Literal   # (isinstance inline: these loops see every equation)
     for e in jaxpr.eqns:
         for a in e.invars:
-            if not C.is_literal(a):
+            if not isinstance(a, Lit):
                 uses[a] = uses.get(a, 0) + 1
     for a in jaxpr.outvars:
-        if not C.is_literal(a):
+        if not isinstance(a, Lit):
             uses[a] = uses.get(a, 0) + 2  # an output is needed whole
 
     def defn(atom):
-        return None if C.is_literal(atom) else producers.get(atom)
+        return None if isinstance(atom, Lit) else producers.get(atom)
 
     def rule(eqn):
-        r = rules.get(eqn.primitive.name)
-        rep = r(eqn, defn) if r is not None and not C.has_effects(eqn) else None
-        if rep is None and not C.has_effects(eqn):
-            rep = push_through_elementwise(eqn, defn, uses)
+        name = eqn.primitive.name
+        rep = None
+        if not eqn.effects:
+            r = rules.get(name)
+            rep = r(eqn, defn) if r is not None else None
+            if rep is None and name in _MOVES:
+                rep = push_through_elementwise(eqn, defn, uses)
         if rep is None:
             for v in eqn.outvars:
                 producers[v] = eqn

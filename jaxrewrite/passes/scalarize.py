@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -72,10 +72,10 @@ ELEMENTWISE = frozenset({
 
 # --- rules: links (analysis) and emit (rebuild) ----------------------------------------------------
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)   # (one per equation of a level: kept small and cheap)
 class Links:
     groups: list            # lists of nodes (var, axis) that are split together
-    seeds: list = dataclasses.field(default_factory=list)   # nodes whose split removes a mover
+    seeds: Sequence = ()    # nodes whose split removes a mover
     info: object = None     # passed on to emit (e.g. a gather's source map)
 
 
