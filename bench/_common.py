@@ -116,16 +116,19 @@ def cpu_fusions(compiled) -> int:
 
 def gpu_launches(hlo: str, trips: int = 1) -> int:
     """Kernel launches per call in optimized GPU HLO text: ENTRY's launches, plus each while
-    loop's body launches x `trips` and its condition's x (`trips` + 1)."""
+    loop's body launches x its trips and its condition's x (trips + 1). A loop's trips are
+    XLA's own `known_trip_count` where it has one, else `trips`."""
     import re
     launch = re.compile(r"\s(fusion|custom-call|copy|sort|conditional|gather|scatter|concatenate)\(")
     blocks = {b.split("(")[0].split()[-1].lstrip("%") if b.strip() else "": b
               for b in re.split(r"\n(?=\S)", hlo)}
     entry = next(b for b in blocks.values() if b.startswith("ENTRY"))
     total = len(launch.findall(entry))
-    for m in re.finditer(r"while\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)", hlo):
+    for m in re.finditer(r"while\(.*?condition=%?([\w.\-]+), body=%?([\w.\-]+)(.*)", hlo):
         cond, body = m.group(1), m.group(2)
-        total += trips * len(launch.findall(blocks.get(body, ""))) + (trips + 1) * len(
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', m.group(3))
+        n = int(known.group(1)) if known else trips
+        total += n * len(launch.findall(blocks.get(body, ""))) + (n + 1) * len(
             launch.findall(blocks.get(cond, "")))
     return total
 
