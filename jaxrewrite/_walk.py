@@ -187,6 +187,13 @@ def substitute(atom, env: dict):
     return env.get(atom, atom)
 
 
+def rename_operands(eqn, env: dict):
+    """`eqn` with its operands found in `env` replaced; the same object when none is."""
+    if env and any(not isinstance(a, C.Literal) and a in env for a in eqn.invars):
+        return eqn.replace(invars=[substitute(a, env) for a in eqn.invars])
+    return eqn
+
+
 def rewrite_eqns(jaxpr: C.Jaxpr, rule: Callable) -> tuple[C.Jaxpr, bool]:
     """Replace each equation for which `rule(eqn)` returns a Replacement; substitute downstream.
 
@@ -196,10 +203,7 @@ def rewrite_eqns(jaxpr: C.Jaxpr, rule: Callable) -> tuple[C.Jaxpr, bool]:
     eqns = []
     changed = False
     for eqn in jaxpr.eqns:
-        if env:
-            new_in = [substitute(a, env) for a in eqn.invars]
-            if any(a is not b for a, b in zip(new_in, eqn.invars)):
-                eqn = eqn.replace(invars=new_in)
+        eqn = rename_operands(eqn, env)
         rep = rule(eqn)
         if rep is None:
             eqns.append(eqn)
@@ -286,10 +290,7 @@ def inline_calls(jaxpr: C.Jaxpr, should_inline: Callable, candidates=None) -> C.
         return jaxpr
     eqns, env, changed = [], {}, False
     for i, eqn in enumerate(jaxpr.eqns):
-        if env:
-            new_in = [substitute(a, env) for a in eqn.invars]
-            if any(a is not b for a, b in zip(new_in, eqn.invars)):
-                eqn = eqn.replace(invars=new_in)
+        eqn = rename_operands(eqn, env)
         if i not in candidates or not C.is_jit(eqn) or not should_inline(eqn):
             eqns.append(eqn)
             continue
@@ -369,7 +370,6 @@ def literalize_consts(cj: C.ClosedJaxpr, max_size: int) -> C.ClosedJaxpr:
             keep_c.append(c)
     if not env:
         return cj
-    eqns = [e.replace(invars=[substitute(a, env) for a in e.invars])
-            if any(not C.is_literal(a) and a in env for a in e.invars) else e for e in j.eqns]
+    eqns = [rename_operands(e, env) for e in j.eqns]
     outvars = [substitute(a, env) for a in j.outvars]
     return C.closed(C.replace_jaxpr(j, constvars=keep_v, eqns=eqns, outvars=outvars), keep_c)

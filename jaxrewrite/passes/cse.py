@@ -102,8 +102,7 @@ def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):
     hits = 0
     Lit, literal_key = C.Literal, keyer.literal   # (this loop sees every equation)
     for eqn in jaxpr.eqns:
-        if env and any(not isinstance(a, Lit) and a in env for a in eqn.invars):
-            eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
+        eqn = _walk.rename_operands(eqn, env)
         # A variable is its own key (jax's Var hashes and compares by identity); literals by value.
         in_keys = tuple(literal_key(a) if isinstance(a, Lit) else a for a in eqn.invars)
         # Bucketed by (primitive, operands) first: most equations share that with none before

@@ -168,11 +168,10 @@ class _Folder:
         static: dict = {}   # var -> numpy value (every folded value, materialized or not)
         eqns, changed = [], False
         calls = {i for i, subs in _walk.nested_eqns(j) if subs}
-        Lit = C.Literal   # (isinstance inline: this loop sees every equation)
         for i, eqn in enumerate(j.eqns):
-            if env and any(not isinstance(a, Lit) and a in env for a in eqn.invars):
-                eqn = eqn.replace(invars=[_walk.substitute(a, env) for a in eqn.invars])
-                changed = True
+            renamed = _walk.rename_operands(eqn, env)
+            changed |= renamed is not eqn
+            eqn = renamed
             if i in calls:
                 rep = self.call(eqn, static)
                 if rep is not None:

@@ -261,10 +261,7 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
                     env[old] = new
             new_eqns.extend(em.eqns)
             bodies.update(id(e.params["jaxpr"]) for e in em.eqns if C.is_jit(e))
-        for e in eqns[p + k * L:]:
-            new_in = [_walk.substitute(a, env) for a in e.invars]
-            new_eqns.append(e.replace(invars=new_in) if any(
-                x is not y for x, y in zip(new_in, e.invars)) else e)
+        new_eqns.extend(_walk.rename_operands(e, env) for e in eqns[p + k * L:])
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
     return jaxpr, bodies

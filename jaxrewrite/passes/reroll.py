@@ -644,11 +644,7 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
     out_eqns = []
     n = 0
     for i, e in enumerate(eqns):
-        if env:
-            new_in = [_walk.substitute(a, env) for a in e.invars]
-            if any(a is not b for a, b in zip(new_in, e.invars)):
-                e = e.replace(invars=new_in)
-                eqns[i] = e
+        e = eqns[i] = _walk.rename_operands(e, env)
         if i in removed:
             continue
         chain = at_end.get(i)
