@@ -14,8 +14,9 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
    or specialises, and dedup/cse never create work for fold, so the loop cannot oscillate.
    A pass runs again only when a pass that may create work for it (`PassSpec.enables`) changed
    the program since it last ran: dedup only shares objects, so it wakes cse and nothing else;
-   fold reaches its own fixed point in one sweep, so it never wakes itself. A pass's change is
-   followed by dead-code elimination unless the pass cannot leave dead code (dedup).)
+   fold reaches its own fixed point in one sweep (`own_fixpoint`), so it never wakes itself.
+   A pass's change is followed by dead-code elimination unless the pass cannot leave dead
+   code (dedup).)
 7. reroll     - chains of identical calls, and runs of repeated inline code (outlined first,
                 `passes/outline.py`), become `lax.scan` (once, at the end; off by default).
 
@@ -45,14 +46,22 @@ class PassSpec:
     # Passes whose work a change by this one may create (None: every pass, itself included).
     # Only a pass that provably cannot create work elsewhere names a smaller set.
     enables: tuple[str, ...] | None = None
+    # Whether one run reaches the pass's own fixed point (then its change never wakes itself).
+    own_fixpoint: bool = False
     # Whether a change by this pass can leave dead equations (then the pipeline removes them).
     makes_dead_code: bool = True
+
+    def wakes(self, other: str) -> bool:
+        """Whether a change by this pass may give `other` work."""
+        if other == self.name and self.own_fixpoint:
+            return False
+        return self.enables is None or other in self.enables
 
 
 PASSES: tuple[PassSpec, ...] = (
     # fold is its own fixed point in one sweep (a folded value feeds the later equations of the
     # same sweep; a specialised body is folded when it is made): it never wakes itself.
-    PassSpec("fold", "fold", True, enables=("gathers", "movement", "scalarize", "dedup", "cse")),
+    PassSpec("fold", "fold", True, own_fixpoint=True),
     PassSpec("gathers", "gathers", True),
     PassSpec("movement", "movement", True),
     PassSpec("scalarize", "scalarize", True),
@@ -209,8 +218,7 @@ def _run(cj, ctx, passes):
             cj, changed = step(cj, spec, fn)
             if changed:
                 any_change = True
-                dirty.update(s.name for s, _ in loop if spec.enables is None
-                             or s.name in spec.enables)
+                dirty.update(s.name for s, _ in loop if spec.wakes(s.name))
         ctx.report.count("pipeline.rounds")
         if not dirty:
             break

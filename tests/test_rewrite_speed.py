@@ -102,6 +102,15 @@ def test_a_change_by_default_wakes_every_pass():
     assert ctx.report.counts["pipeline.rounds"] == 2
 
 
+def test_a_pass_at_its_own_fixed_point_wakes_every_other_pass_but_not_itself():
+    runs, passes = _wake_passes(enables=None)
+    passes[1] = (dataclasses.replace(passes[1][0], own_fixpoint=True), passes[1][1])
+    ctx = _pipeline.Context(Options.make(**_NO_PASSES), Report())
+    _pipeline._run(_program(), ctx, passes)
+    # round 2: `first` (before the change) runs again; `changer` does not re-check itself
+    assert runs == {"first": 2, "changer": 1, "last": 1}
+
+
 def test_a_pass_that_makes_no_dead_code_is_not_followed_by_dce(monkeypatch):
     """`PassSpec.makes_dead_code=False` (dedup: sharing removes nothing) skips the DCE walk."""
     from jaxrewrite import _walk
