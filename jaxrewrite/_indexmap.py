@@ -101,6 +101,15 @@ def wide_window_dims(operand_shape, dimension_numbers, slice_sizes, big: int) ->
             and big < operand_shape[d] < 2 ** 31}  # (a dim past int32 changes FILL's wrap)
 
 
+def window_core(operand_shape, dimension_numbers, slice_sizes, big: int):
+    """(wide dims, operand shape, slice sizes) with the `wide_window_dims` shrunk to 1: what a
+    gather's map is computed on; the wide dims pass through unchanged."""
+    wide = wide_window_dims(operand_shape, dimension_numbers, slice_sizes, big)
+    xs = tuple(1 if d in wide else int(s) for d, s in enumerate(operand_shape))
+    ss = tuple(1 if d in wide else int(s) for d, s in enumerate(slice_sizes))
+    return wide, xs, ss
+
+
 def gather_map(operand_shape, start_indices: np.ndarray, dimension_numbers, slice_sizes,
                mode) -> np.ndarray:
     """The source map of `lax.gather(operand, start_indices, dimension_numbers, slice_sizes, mode)`.

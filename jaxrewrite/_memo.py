@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import _indexmap as IM
 from ._report import Decline
 
 
@@ -36,6 +37,15 @@ def memo(cache: dict | None, kind: str, key, compute: Callable[[], Any]):
     if not hit[0]:
         raise Decline(hit[1])
     return hit[1]
+
+
+def gather_map(cache: dict | None, operand_shape, idx, dimension_numbers, slice_sizes, mode):
+    """`_indexmap.gather_map`, memoised by value: the gathers and scalarize passes read the same
+    maps. The result is shared: read it, never write it."""
+    return memo(cache, "gather_map",
+                (tuple(operand_shape), array_key(idx), dimension_numbers, tuple(slice_sizes),
+                 mode),
+                lambda: IM.gather_map(operand_shape, idx, dimension_numbers, slice_sizes, mode))
 
 
 def array_key(a) -> tuple:

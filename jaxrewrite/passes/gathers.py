@@ -37,6 +37,7 @@ from .. import _cost
 from .. import _indexmap as IM
 from .. import _walk
 from .._memo import array_key, memo
+from .._memo import gather_map as memoised_gather_map
 from .._report import Decline
 
 NAME = "gathers"
@@ -151,16 +152,10 @@ def _gather(eqn, ctx, statics):
     if _size(xa) > limit or _size(out) > limit:
         raise Decline(f"operand or output above fold_limit={limit} elements")
     p = eqn.params
-    dn, ss = p["dimension_numbers"], tuple(int(s) for s in p["slice_sizes"])
-    wide = IM.wide_window_dims(xa.shape, dn, ss, WIDE_DIM)
-    if wide:  # the map without the dims every window takes whole; those pass through
-        xs = tuple(1 if d in wide else s for d, s in enumerate(xa.shape))
-        ss = tuple(1 if d in wide else s for d, s in enumerate(ss))
-    else:
-        xs = tuple(xa.shape)
-    smap = memo(getattr(ctx, "cache", None), "gather_map",
-                (xs, array_key(idx), dn, ss, p["mode"]),
-                lambda: IM.gather_map(xs, idx, dn, ss, p["mode"])).copy()
+    dn = p["dimension_numbers"]
+    # the map without the dims every window takes whole (those pass through)
+    wide, xs, ss = IM.window_core(xa.shape, dn, p["slice_sizes"], WIDE_DIM)
+    smap = memoised_gather_map(getattr(ctx, "cache", None), xs, idx, dn, ss, p["mode"]).copy()
     if not wide:
         return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
     core_out = [s for j, s in enumerate(smap.shape) if j not in wide.values()]

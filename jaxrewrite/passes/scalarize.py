@@ -50,10 +50,11 @@ import numpy as np
 from .. import _compat as C
 from .. import _autotune, _cost
 from .. import _walk
-from .._indexmap import gather_map, gather_source_coords, wide_window_dims
+from .._indexmap import gather_source_coords, window_core
 from .._pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
                        shape_of)
 from .._memo import array_key, memo
+from .._memo import gather_map as memoised_gather_map
 from .._report import Decline
 
 PASS = "scalarize"
@@ -411,9 +412,7 @@ def gather_links(eqn, node):
         return None
     out = eqn.outvars[0]
     dn, ss, mode = eqn.params["dimension_numbers"], eqn.params["slice_sizes"], eqn.params["mode"]
-    wide = wide_window_dims(shape_of(x), dn, ss, node.max_axis)
-    xs = tuple(1 if d in wide else s for d, s in enumerate(shape_of(x)))
-    ss = tuple(1 if d in wide else int(s) for d, s in enumerate(ss))
+    wide, xs, ss = window_core(shape_of(x), dn, ss, node.max_axis)
     os_ = tuple(1 if j in wide.values() else s for j, s in enumerate(shape_of(out)))
     if math.prod(os_) > node.limit or math.prod(os_) == 0:
         return None
@@ -421,7 +420,8 @@ def gather_links(eqn, node):
     try:
         coords, valid, pairs = memo(node.cache, "scalarize.gather_pairs",
                                     (xs, os_, array_key(idx_val), dn, ss, mode),
-                                    lambda: _gather_pairs(xs, os_, idx_val, dn, ss, mode))
+                                    lambda: _gather_pairs(xs, os_, memoised_gather_map(
+                                        node.cache, xs, idx_val, dn, ss, mode)))
     except Decline:
         return None
     paired_in = {o for o, _ in pairs}
@@ -436,10 +436,10 @@ def gather_links(eqn, node):
     return Links(_clean(groups), seeds=seeds, info=_GatherInfo(coords, valid, xs, os_, wide))
 
 
-def _gather_pairs(xs, os_, idx, dn, ss, mode):
+def _gather_pairs(xs, os_, M):
     """(source coords, valid mask, passthrough (operand dim, output dim) pairs) of a static
-    gather: a pure function of shapes, params and index values (memoised by the caller)."""
-    M = gather_map(xs, idx, dn, ss, mode)
+    gather of source map `M`: a pure function of shapes, params and index values (memoised by
+    the caller)."""
     coords = gather_source_coords(xs, M)
     valid = M >= 0
     pairs, used_out = [], set()
