@@ -436,9 +436,8 @@ def _stacked_scan(lay: _Layout, reverse: bool, unroll):
 # per output slice of the stacked cotangents (N x leaves), as for a hand-written list-input scan.
 # Which targets read from lists is the cost model's `reroll_list_read` (CPU only): XLA:GPU's
 # conditional reads its branch index back to the host (a sync per step) unless it runs inside
-# a command buffer; not measured. Each of the k
-# branches takes all k * len(listed) operands, so the jaxpr grows as k^2: long chains
-# (`LIST_READ_LIMIT`) keep the stacked form too.
+# a command buffer; not measured. Each of the k branches takes all k * len(listed) operands, so
+# the jaxpr grows as k^2: long chains (`LIST_READ_LIMIT`) keep the stacked form too.
 
 LIST_READ_LIMIT = 1 << 16        # most k * k * (listed positions) for the list form
 

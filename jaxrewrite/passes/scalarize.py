@@ -569,7 +569,7 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
     get_rule = RULES.get
     for i, eqn in enumerate(jaxpr.eqns):
         rule = get_rule(eqn.primitive.name)
-        if rule is None or (eqn.effects and C.has_effects(eqn)):
+        if rule is None or eqn.effects:
             continue
         lk = rule.links(eqn, node)
         if lk is None:
