@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrewrite import _compat as C
+from jaxrewrite import _walk
 from jaxrewrite.passes import outline
 from jaxrewrite._structural import Keyer
 from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
@@ -206,3 +207,38 @@ def test_split_chacha_double_rounds_roll():
     scans = [e for e in res.jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
     assert len(scans) == 1 and scans[0].params["length"] == 4
     assert_bitwise_equal(jaxrewrite.optimize(f, reroll=True, target="gpu")(x), jax.jit(f)(x))
+
+
+# --- one layer per trip, every layer, no nesting -----------------------------------------------------
+
+def _block(x, w, b):
+    h = jnp.tanh(x @ w + b) * 0.5 + x
+    return h - jnp.mean(h, -1, keepdims=True)
+
+
+def test_a_loop_of_identical_layers_is_one_scan_of_one_layer_per_trip():
+    """A forward loop of L identical inline layers rolls into one scan of L trips whose body is
+    one layer, for every L: the L outlined calls are never outlined again in groups of 8 (which
+    gave a scan of 3 trips of 8 layers at L = 24, 4 x 8 at 32)."""
+    import jaxrewrite
+
+    def f(x, ws, bs):
+        for w, b in zip(ws, bs):
+            x = _block(x, w, b)
+        return x
+
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    for L in (8, 16, 24, 32, 64, 128):
+        ws = [np.eye(8, dtype=np.float32) * (0.9 + 0.001 * i) for i in range(L)]
+        bs = [np.full(8, 0.01 * i, np.float32) for i in range(L)]
+        cj = jax.make_jaxpr(f)(x, ws, bs)
+        res = jaxrewrite.rewrite_jaxpr_with_report(cj, reroll=True)
+        assert res.report.stats["reroll.lengths"] == [L], L
+        scans = [e for e in _walk.iter_eqns(res.jaxpr) if e.primitive.name == "scan"]
+        assert [s.params["length"] for s in scans] == [L], L
+        # the trip is one layer: as many equations of each kind as one layer has
+        per_layer = primitive_counts(jax.make_jaxpr(_block)(x, ws[0], bs[0]))
+        inner = primitive_counts(scans[0].params["jaxpr"])
+        assert all(inner.get(p, 0) == n for p, n in per_layer.items()), (L, inner)
+        if L == 8:
+            _close(jaxrewrite.optimize(f, reroll=True)(x, ws, bs), jax.jit(f)(x, ws, bs))

@@ -44,12 +44,15 @@ MAX_RUNS = 8          # runs outlined per level
 LAGS = 8              # occurrences of a signature looked back at for candidate periods
 
 
-def _signatures(eqns, keyer: Keyer) -> np.ndarray:
+def _signatures(eqns, keyer: Keyer, bodies: frozenset = frozenset()) -> np.ndarray:
+    """One id per equation; -1 - i (unique: never in a run) for an effect and for a call of a
+    body outlined before at this level (`bodies`): outlining L layers and then, in the next
+    round, groups of 8 of those calls would nest them (a scan of L/8 trips of 8 layers)."""
     table: dict = {}
     ids = np.empty(len(eqns), np.int64)
     for i, e in enumerate(eqns):
-        if C.has_effects(e):
-            ids[i] = -1 - i  # unique: never part of a run
+        if C.has_effects(e) or (bodies and C.is_jit(e) and id(e.params["jaxpr"]) in bodies):
+            ids[i] = -1 - i
             continue
         ins = tuple(keyer.literal(a) if C.is_literal(a) else ("var", keyer.aval(a.aval))
                     for a in e.invars)
@@ -237,7 +240,8 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
     bodies: set = set()
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
-        run = _find_run(eqns, jaxpr.outvars, _signatures(eqns, keyer), min_len)
+        run = _find_run(eqns, jaxpr.outvars, _signatures(eqns, keyer, frozenset(bodies)),
+                        min_len)
         if run is None:
             break
         p, L, k, (groups, exports, slots) = run
