@@ -110,6 +110,32 @@ def window_core(operand_shape, dimension_numbers, slice_sizes, big: int):
     return wide, xs, ss
 
 
+def scatter_window_core(operand_shape, updates_shape, dimension_numbers, big: int):
+    """(k, operand core shape, updates core shape) of a scatter: its leading operand dims
+    0..k-1 are covered whole by every update window (start 0, full size, no index addresses
+    them) and are updates dims 0..k-1 too; the core shapes have them shrunk to 1. k is 0 unless
+    those dims hold more than `big` elements.
+
+    Such dims are identity-mapped (a vmapped `x.at[..., 3, 1:4].set(v)` over 65,536 rows), so
+    the scatter's map is computed on the core, 16 entries rather than a million, and the rest
+    applied to the leading dims unchanged (leading: mapping them adds no transposes).
+    """
+    dn = dimension_numbers
+    uwd, inserted, obatch, to_operand = _dn(dn, "update_window_dims", "inserted_window_dims",
+                                            "operand_batching_dims",
+                                            "scatter_dims_to_operand_dims")
+    window = [d for d in range(len(operand_shape)) if d not in inserted and d not in obatch]
+    k = 0
+    while (k < min(len(window), len(uwd)) and window[k] == k and uwd[k] == k
+           and int(updates_shape[k]) == int(operand_shape[k]) < 2 ** 31 and k not in to_operand):
+        k += 1
+    if int(np.prod(operand_shape[:k], dtype=np.int64)) <= big:
+        k = 0
+    xs = (1,) * k + tuple(int(n) for n in operand_shape[k:])
+    us = (1,) * k + tuple(int(n) for n in updates_shape[k:])
+    return k, xs, us
+
+
 def gather_map(operand_shape, start_indices: np.ndarray, dimension_numbers, slice_sizes,
                mode) -> np.ndarray:
     """The source map of `lax.gather(operand, start_indices, dimension_numbers, slice_sizes, mode)`.
@@ -390,17 +416,19 @@ def _inner_digit(f, wild, r):
     P = f.size
     blk, wb = f.reshape(P // r, r), wild.reshape(P // r, r)
     pos = np.arange(r, dtype=np.int64)
-    c = None
-    for b in range(P // r):
-        idx = np.nonzero(~wb[b])[0]
-        if idx.size >= 2:
-            num = blk[b, idx[1]] - blk[b, idx[0]]
-            den = idx[1] - idx[0]
-            if num % den:
-                return None
-            c = int(num // den)
-            break
-    c = 0 if c is None else c
+    # The step c from the first block with two known entries (its first two): found with
+    # whole-array numpy, never a Python loop over the blocks (a vmapped map has a million).
+    known = ~wb
+    two = np.flatnonzero(np.count_nonzero(known, axis=1) >= 2)
+    c = 0
+    if two.size:
+        b = int(two[0])
+        i0, i1 = np.flatnonzero(known[b])[:2]
+        num = blk[b, i1] - blk[b, i0]
+        den = i1 - i0
+        if num % den:
+            return None
+        c = int(num // den)
     first = np.argmax(~wb, axis=1)
     allwild = np.all(wb, axis=1)
     base = blk[np.arange(P // r), first] - c * first
@@ -610,14 +638,21 @@ def _shape_after(operand_shape, steps):
 
 
 def decompose(operand_shape, source_map: np.ndarray, *, allow_concat: bool = False,
-              piece_budget: int = 32):
-    """A validated structural program for `source_map` (FILL entries free), or `Decline`."""
+              piece_budget: int = 32, no_concat_reason: str = "gathers='all' allows it"):
+    """A validated structural program for `source_map` (FILL entries free), or `Decline`.
+
+    `no_concat_reason`: why concatenate forms are not searched when `allow_concat` is False
+    (the caller knows: the option, or the size of the whole operation); it ends the decline.
+    """
     smap = np.asarray(source_map)
     prog = realize(operand_shape, smap)
     if prog is not None and validate(operand_shape, smap, prog):
         return prog
     if not allow_concat:
-        raise Decline("no structural form without concatenate (gathers='all' allows it)")
+        raise Decline(f"no structural form without concatenate ({no_concat_reason})")
+    if smap.size > SPLIT_MAX_ELEMENTS:
+        raise Decline("no structural form without concatenate, and concatenate forms are "
+                      f"searched only up to SPLIT_MAX_ELEMENTS={SPLIT_MAX_ELEMENTS} elements")
     best = None
     for axis in range(smap.ndim):
         prog = _split(operand_shape, smap, axis, piece_budget, depth=1)

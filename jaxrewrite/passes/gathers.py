@@ -86,10 +86,14 @@ def _program(operand_shape, smap, ctx, concat_pieces: int = 0, concat_ok: bool =
     never where `concat_ok` is False."""
     allow = concat_ok and (ctx.options.gathers == "all" or concat_pieces > 0)
     budget = PIECE_BUDGET if ctx.options.gathers == "all" else concat_pieces
+    # what the decline says when no concatenate form is searched: the true reason
+    why = ("gathers='all' allows it" if concat_ok else
+           f"concatenate forms are searched only up to {IM.SPLIT_MAX_ELEMENTS} elements, "
+           "whole batch included")
     return memo(getattr(ctx, "cache", None), "gathers.program",
-                (tuple(operand_shape), array_key(smap), allow, budget),
+                (tuple(operand_shape), array_key(smap), allow, budget, concat_ok),
                 lambda: IM.decompose(operand_shape, smap, allow_concat=allow,
-                                     piece_budget=budget))
+                                     piece_budget=budget, no_concat_reason=why))
 
 
 def _moved(x, prog, fill_mask, fill_value):
@@ -307,30 +311,46 @@ def _scatter(eqn, ctx, statics):
     limit = ctx.options.fold_limit
     if _size(xa) > limit or _size(ua) > limit:
         raise Decline(f"operand or updates above fold_limit={limit} elements")
-    target = IM.scatter_map(xa.shape, ua.shape, idx, p["dimension_numbers"], p["mode"])
-    return _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok)
+    dn = p["dimension_numbers"]
+    # the map of one window: leading dims every update window covers whole pass through
+    lead, xs, us = IM.scatter_window_core(xa.shape, ua.shape, dn, WIDE_DIM)
+    target = memo(getattr(ctx, "cache", None), "gathers.scatter_map",
+                  (xs, us, array_key(idx), dn, p["mode"]),
+                  lambda: IM.scatter_map(xs, us, idx, dn, p["mode"]))
+    return _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok, lead)
 
 
-def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok):
-    """operand-shaped layers of unique targets, each `select(hit, combine(y, moved(upd)), y)`."""
+def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok, lead: int = 0):
+    """operand-shaped layers of unique targets, each `select(hit, combine(y, moved(upd)), y)`.
+
+    `target` is the scatter's map (updates-shaped, flat operand indices); with `lead` > 0 (see
+    `IM.scatter_window_core`) it is the map of one window, the `lead` leading dims of operand
+    and updates (identity-mapped) shrunk to 1, and the layers are applied under `vmap`:
+
+        before:  y = scatter x [3 1] v            (x: (65536, 4, 4), v: (65536, 3))
+        after:   y = vmap(select(hit, moved(v), x) on one (4, 4) window) x v
+    """
     xa, ua = C.aval_of(x), C.aval_of(upd)
+    xs, us = tuple(xa.shape[lead:]), tuple(ua.shape[lead:])  # core shapes
+    n_x = int(np.prod(xs, dtype=np.int64))
     flat_t = target.reshape(-1)
-    hit = flat_t[flat_t >= 0]
+    src = np.flatnonzero(flat_t >= 0)
     layers = []  # per layer: operand-shaped map into the flat updates (-1: not hit)
-    if hit.size:
-        counts = np.bincount(hit, minlength=_size(xa))
-        depth = int(counts.max())
+    if src.size:
+        hit = flat_t[src]
+        depth = int(np.bincount(hit, minlength=n_x).max())
         if depth > 1 and not dup_ok(xa.dtype):
             raise Decline("duplicate static scatter indices: the result depends on their order")
-        src = np.nonzero(flat_t >= 0)[0]
-        occ = np.zeros(_size(xa), np.int64)
-        maps = [np.full(_size(xa), IM.FILL, np.int64) for _ in range(depth)]
-        for s_, t in zip(src, flat_t[src]):
-            maps[occ[t]][t] = s_
-            occ[t] += 1
-        layers = [m.reshape(xa.shape) for m in maps]
+        # Layer k takes each target's k-th update in update order (a stable sort by target).
+        order = np.argsort(hit, kind="stable")
+        t_sorted = hit[order]
+        rank = np.arange(t_sorted.size) - np.searchsorted(t_sorted, t_sorted, side="left")
+        maps = np.full((depth, n_x), IM.FILL, np.int64)
+        maps[rank, t_sorted] = src[order]
+        layers = [m.reshape(xs) for m in maps]
     concat = _cost.costs(ctx.target).scatter_concat_pieces  # the target's default (GPU: some)
-    progs = [(_program(ua.shape, m, ctx, concat), m >= 0) for m in layers]
+    concat_ok = not lead or _size(xa) <= IM.SPLIT_MAX_ELEMENTS  # as the full map's search
+    progs = [(_program(us, m, ctx, concat, concat_ok), m >= 0) for m in layers]
     em = _walk.Emitter(eqn)
 
     def build(xv, uv):
@@ -350,6 +370,8 @@ def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok):
                 y = lax.select(hit_b, new, y)
         return y
 
+    for _ in range(lead):  # the core's layers mapped over the leading dims
+        build = jax.vmap(build)
     y, = em.call(build, x, upd)
     _check_aval(eqn.outvars[0], y)
     ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
@@ -385,9 +407,17 @@ def _dynamic_update_slice(eqn, ctx, statics):
     if _size(xa) > ctx.options.fold_limit:
         raise Decline(f"operand above fold_limit={ctx.options.fold_limit} elements")
     lo = _clamped_starts(vals, xa.shape, ua.shape)
-    window = tuple(slice(a, a + k) for a, k in zip(lo, ua.shape))
-    target = _tagged(xa.shape)[window]
-    return _emit_scatter(eqn, ctx, x, upd, target, None, lambda dt: False)
+    # leading dims the update covers whole (start 0) pass through, as a scatter's
+    lead = 0
+    while lead < len(lo) and ua.shape[lead] == xa.shape[lead] < 2 ** 31:
+        lead += 1
+    if int(np.prod(xa.shape[:lead], dtype=np.int64)) <= WIDE_DIM:
+        lead = 0
+    xs = (1,) * lead + tuple(xa.shape[lead:])
+    window = tuple(slice(a, a + (1 if d < lead else k))
+                   for d, (a, k) in enumerate(zip(lo, ua.shape)))
+    target = _tagged(xs)[window]
+    return _emit_scatter(eqn, ctx, x, upd, target, None, lambda dt: False, lead)
 
 
 # --- mask permutations --------------------------------------------------------------------------
