@@ -359,3 +359,20 @@ def test_gathers_all_searches_no_concatenate_for_a_large_vmapped_gather():
     assert "concatenate" in _counts(fn, small, gathers="all")
     counts = _counts(fn, big, gathers="all")
     assert "concatenate" not in counts and "gather" in counts
+
+
+def test_large_vmapped_gather_decline_says_why():
+    """gathers='all' past SPLIT_MAX_ELEMENTS: the decline names the size limit, not the option
+    that is already on."""
+    from jaxrewrite import _indexmap
+    fn = jax.vmap(lambda r: r[np.array([1, 2, 3, 0])])
+    big = np.zeros((_indexmap.SPLIT_MAX_ELEMENTS // 4 + 64, 4), np.float32)
+    for options in ({"gathers": "all"}, {}):
+        res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(big), **OPTS, **options)
+        reasons = [d.reason for d in res.report.declines if d.pass_name == "gathers"]
+        assert primitive_counts(res.jaxpr).get("gather") == 1
+        assert reasons and all(str(_indexmap.SPLIT_MAX_ELEMENTS) in r and "allows it" not in r
+                               for r in reasons), reasons
+    # below the limit, without gathers='all', the option is what would allow it
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(big[:16]), **OPTS)
+    assert any("gathers='all' allows it" in d.reason for d in res.report.declines)

@@ -166,3 +166,68 @@ def test_validate_rejects_wrong_program():
     smap = np.arange(16).reshape(4, 4).T
     assert not IM.validate((4, 4), smap, (("rev", (0,)),))
     assert IM.validate((4, 4), smap, (("transpose", (1, 0)),))
+
+
+def _inner_digit_reference(f, wild, r):
+    """The inner-digit step written block by block (the vectorised one must agree exactly)."""
+    blocks, wb = f.reshape(-1, r), wild.reshape(-1, r)
+    c = 0
+    for b in range(blocks.shape[0]):
+        known = [i for i in range(r) if not wb[b, i]]
+        if len(known) >= 2:
+            num, den = blocks[b, known[1]] - blocks[b, known[0]], known[1] - known[0]
+            if num % den:
+                return None
+            c = int(num // den)
+            break
+    base = []
+    for b in range(blocks.shape[0]):
+        known = [i for i in range(r) if not wb[b, i]]
+        if any(blocks[b, i] != blocks[b, known[0]] + c * (i - known[0]) for i in known):
+            return None
+        base.append(blocks[b, known[0]] - c * known[0] if known else 0)
+    return c, np.array(base, np.int64), np.all(wb, axis=1)
+
+
+@settings(max_examples=max(200, settings.default.max_examples))
+@given(st.sampled_from([2, 3, 4]), st.integers(1, 5), st.integers(-3, 3), st.data())
+def test_inner_digit_matches_the_block_by_block_reference(r, n_blocks, step, data):
+    """Near-affine maps with wild entries: the same step, bases and all-wild blocks (or None)."""
+    bases = data.draw(st.lists(st.integers(-8, 8), min_size=n_blocks, max_size=n_blocks))
+    f = (np.array(bases)[:, None] + step * np.arange(r)).reshape(-1).astype(np.int64)
+    if data.draw(st.booleans()):
+        f[data.draw(st.integers(0, f.size - 1))] += data.draw(st.integers(-2, 2))
+    wild = np.array(data.draw(st.lists(st.booleans(), min_size=f.size, max_size=f.size)))
+    got, want = IM._inner_digit(f, wild, r), _inner_digit_reference(f, wild, r)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[2], want[2])
+        np.testing.assert_array_equal(got[1][~got[2]], want[1][~want[2]])
+
+
+def test_scatter_window_core_leading_passthrough_dims():
+    # vmap of s.at[..., 3, 1:4].set(v): the batch is update window dim 0, covered whole
+    dn = SDN(update_window_dims=(0, 1), inserted_window_dims=(1,),
+             scatter_dims_to_operand_dims=(1, 2))
+    assert IM.scatter_window_core((65536, 4, 4), (65536, 3), dn, 64) == (1, (1, 4, 4), (1, 3))
+    assert IM.scatter_window_core((16, 4, 4), (16, 3), dn, 64) == (0, (16, 4, 4), (16, 3))
+    # an index addresses dim 0: not a passthrough dim
+    dn0 = SDN(update_window_dims=(0, 1), inserted_window_dims=(1,),
+              scatter_dims_to_operand_dims=(0, 1))
+    assert IM.scatter_window_core((65536, 4, 4), (65536, 4), dn0, 64)[0] == 0
+    # the batch trailing (x.at[idx].set(v) on (4, n)): not leading, analysed whole
+    dnt = SDN(update_window_dims=(1,), inserted_window_dims=(0,),
+              scatter_dims_to_operand_dims=(0,))
+    assert IM.scatter_window_core((4, 65536), (2, 65536), dnt, 64)[0] == 0
+
+
+def test_no_concat_reason_ends_the_decline():
+    smap = np.roll(np.arange(8), 3)
+    with pytest.raises(Decline, match="gathers='all' allows it"):
+        IM.decompose((8,), smap)
+    with pytest.raises(Decline, match="too large, say"):
+        IM.decompose((8,), smap, no_concat_reason="too large, say")
+    big = np.roll(np.arange(IM.SPLIT_MAX_ELEMENTS + 8), 3)
+    with pytest.raises(Decline, match="SPLIT_MAX_ELEMENTS"):
+        IM.decompose(big.shape, big, allow_concat=True)
