@@ -1,13 +1,17 @@
 """The rewrite's own cost: optimize's trace+lower against jax.jit's, and where the rewrite's time
 goes, pass by pass.
 
-    python bench/rewrite_cost.py [--quick]
+    python bench/rewrite_cost.py [--quick] [--scatter]
 
 Cases (builders shared with bench/dedup.py and bench/scale.py):
 * `closures`: N fresh `jax.jit` closures of an 8-step body (N = 8, 16, 50);
 * `remat transformer grad`: `jax.grad` of an 8-layer pre-norm transformer stack, `jax.checkpoint`
   per layer (d=64, t=32);
-* `size`: the scale benchmark's repeating block, 100 and 1000 blocks (1.6k / 16k equations).
+* `size`: the scale benchmark's repeating block, 100 and 1000 blocks (1.6k / 16k equations);
+* `vmapped scatter set` / `scatter add` (issue 13): `vmap(lambda s, v: s.at[..., 3, 1:4].set(v))`
+  and `x.at[:, 3, 0].add(1)` on a (N, 4, 4) uint32 state, N = 1,024, 16,384, 65,536 rows: the
+  gathers pass analyses one window, so the rewrite stays flat in N (`--scatter`: these rows only,
+  printed, results file untouched).
 
 Columns: trace+lower medians (paired: jit, optimize, jit, ...; caches cleared before each, so
 constant folding pays any compile it needs every time, as in a fresh process), their ratio, the
@@ -69,6 +73,20 @@ def row(case: str, n: int, make_fn, args, repeats: int) -> dict:
     return out
 
 
+SCATTERS = {
+    "vmapped scatter set": (
+        lambda: jax.vmap(lambda s, v: s.at[..., 3, 1:4].set(v)),
+        lambda n: [jnp.zeros((n, 4, 4), jnp.uint32), jnp.ones((n, 3), jnp.uint32)]),
+    "scatter add": (lambda: (lambda x: x.at[:, 3, 0].add(jnp.uint32(1))),
+                    lambda n: [jnp.zeros((n, 4, 4), jnp.uint32)]),
+}
+
+
+def scatter_rows(reps: int) -> list[dict]:
+    return [row(case, n, make_fn, make_args(n), reps)
+            for case, (make_fn, make_args) in SCATTERS.items() for n in (1024, 16384, 65536)]
+
+
 def main(quick: bool = False) -> list[dict]:
     import dedup as D
     import scale as S
@@ -82,8 +100,12 @@ def main(quick: bool = False) -> list[dict]:
     for nb in ((100,) if quick else (100, 1000)):
         rows.append(row("size", nb, lambda nb=nb: S.size_program(nb), [v],
                         reps if nb <= 100 else 3))
-    return rows
+    return rows + scatter_rows(reps)
 
 
 if __name__ == "__main__":
-    _common.cli(NAME, main, COLUMNS)
+    if "--scatter" in sys.argv[1:]:
+        print(_common.markdown_table(scatter_rows(3 if "--quick" in sys.argv[1:] else 7),
+                                     COLUMNS))
+    else:
+        _common.cli(NAME, main, COLUMNS)
