@@ -454,7 +454,13 @@ def eval_primitive_on_cpu(primitive, values: Sequence, params) -> list:
     XLA's own semantics (shifts by the bit width, division by zero, overflow), not numpy's.
     Compiled with the values as arguments: JAX's eager path constant-folds integer division by
     zero on the host and crashes the process (SIGFPE) in jax 0.10.
+
+    Placement goes through JAX's config state (`jax._src.config.default_device`) and arguments
+    committed to the CPU device, never through attributes of the `jax` module: a library may
+    assign `jax.default_device = jax.devices()[0]` (xlb does), which made the context manager
+    call a TypeError and silently stopped folding for the rest of the process.
     """
+    from jax._src import config as jax_config  # config states, not attributes of `jax`
     cpu = jax.devices("cpu")[0]
     try:
         key = (primitive, tuple(sorted(params.items())))
@@ -466,7 +472,7 @@ def eval_primitive_on_cpu(primitive, values: Sequence, params) -> list:
         fn = jax.jit(lambda *a: primitive.bind(*a, **params))
         if key is not None:
             _EVAL_CACHE[key] = fn
-    with jax.ensure_compile_time_eval(), jax.default_device(cpu):
+    with _core.ensure_compile_time_eval(), jax_config.default_device(cpu):
         args = [jax.device_put(v, cpu) for v in values]
         out = fn(*args)
     outs = list(out) if primitive.multiple_results else [out]

@@ -26,6 +26,9 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
     ("debug_checks", False, "check_jaxpr after every pass"),
     ("strict", False, "re-raise a pass's error instead of falling back to the original program"),
+    ("exact", False, "float results bit for bit: decline rewrites that could change how XLA "
+                     "rounds float arithmetic (float gathers/movement/splits, CSE of float values, "
+                     "rolling float chains)"),
 )
 
 DEFAULTS = {name: default for name, default, _ in OPTIONS}
@@ -56,6 +59,7 @@ VALID = {
     "max_rounds": (_count, "an int >= 1"),
     "debug_checks": (_bool, "True or False"),
     "strict": (_bool, "True or False"),
+    "exact": (_bool, "True or False"),
 }
 NAMES = tuple(DEFAULTS)
 
@@ -76,6 +80,7 @@ class Options:
     max_rounds: int = DEFAULTS["max_rounds"]
     debug_checks: bool = DEFAULTS["debug_checks"]
     strict: bool = DEFAULTS["strict"]
+    exact: bool = DEFAULTS["exact"]
 
     @classmethod
     def make(cls, **kw) -> "Options":

@@ -22,6 +22,8 @@ Never merged (the table below; each hit is recorded as a decline with its reason
 | fresh mutable refs, user callbacks          | identity / call count is observable            |
 | the program is partitioned over devices     | a merged value wanted in two shardings is      |
 |   (`Context.devices` > 1; the whole pass)   |   resharded: communication jax.jit lacked      |
+| `exact=True` and a floating-point result    | jax.grad sums the merged value's cotangents    |
+|                                             |   in another order (`_exact`)                  |
 
 Random draws (`random_bits`, `threefry2x32`) are pure functions of their key: draws from the
 same key are the same value and merge; draws from different keys have different operands and
@@ -30,6 +32,7 @@ never do.
 from __future__ import annotations
 
 from .. import _compat as C
+from .. import _exact
 from .. import _walk
 from .._structural import Keyer, shared_keyer
 
@@ -126,7 +129,8 @@ def _cse_level(jaxpr, keyer: Keyer, stateful_inside, ctx):
             bucket[key] = eqn  # the earlier one dropped outputs this one needs: later ones use this
             eqns.append(eqn)
             continue
-        reason = _unmergeable(eqn, stateful_inside)
+        reason = _unmergeable(eqn, stateful_inside) or _exact.reason(
+            ctx, eqn.outvars, "merging")  # exact=True: gradients' summation order kept
         if reason is not None:
             if ctx is not None:
                 ctx.report.declined(NAME, eqn, reason)

@@ -239,7 +239,7 @@ class _Folder:
             key = (eqn.primitive, tuple(eqn.params.items()), tuple(map(array_key, vals)),
                    tuple((tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars))
         return memo(self.cache if key is not None else None, "fold.eval", key,
-                    lambda: _evaluate(eqn, vals))
+                    lambda: _evaluate(eqn, vals, self.report))
 
     # -- calls: recurse into bodies, specialise on literal arguments --
     def call(self, eqn, static):
@@ -327,14 +327,17 @@ class _Folder:
         return [new], outs
 
 
-def _evaluate(eqn, vals) -> list | None:
+def _evaluate(eqn, vals, report=None) -> list | None:
     """`eqn` on static `vals` (numpy where bit-exact, else XLA on the CPU); None if it cannot be
-    evaluated now. The results are read-only: memoised results are shared."""
+    evaluated now (recorded in `report` as a decline with the error). The results are read-only:
+    memoised results are shared."""
     outs = _numpy_eval(eqn, vals)
     if outs is None:
         try:
             outs = C.eval_primitive_on_cpu(eqn.primitive, vals, eqn.params)
-        except Exception:  # noqa: BLE001 - a primitive we cannot evaluate now is simply kept
+        except Exception as e:  # noqa: BLE001 - the equation is kept; the error is recorded
+            if report is not None:
+                report.declined(NAME, eqn, f"constant evaluation failed ({type(e).__name__}: {e})")
             return None
     res = []
     for o, v in zip(outs, eqn.outvars):

@@ -35,6 +35,7 @@ from jax import lax
 from .. import _compat as C
 from .. import _cost
 from .. import _indexmap as IM
+from .. import _exact
 from .. import _walk
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
@@ -550,7 +551,10 @@ def _level(cj, ctx):
         if fn is None:
             return None
         try:
-            return fn(eqn, ctx, statics)
+            rep = fn(eqn, ctx, statics)
+            if rep is not None:  # exact=True: float values keep XLA's fusion of the gather
+                _exact.check(ctx, _exact.eqn_atoms(eqn), "rewriting a gather/scatter of")
+            return rep
         except Decline as d:
             ctx.report.declined(NAME, eqn, str(d))
             return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import _compat as C
+from .. import _exact
 from .. import _walk
 
 PASS = "movement"
@@ -264,10 +265,11 @@ RULES: dict[str, Callable] = {
 }
 
 
-def simplify(jaxpr, report, rules=RULES):
+def simplify(jaxpr, report, rules=RULES, ctx=None):
     """One level: apply `rules` in one forward sweep (a replacement's output is seen by the
     equations after it, so chains cancel in one sweep), then, where no rule applied, push data
     movement through a single-use elementwise producer (`push_through_elementwise`).
+    With `ctx`'s `exact=True`, a rewrite of floating-point values is declined (`_exact`).
     Returns (jaxpr, changed)."""
     producers: dict = {}
     uses: dict = {}
@@ -291,6 +293,9 @@ def simplify(jaxpr, report, rules=RULES):
             rep = r(eqn, defn) if r is not None else None
             if rep is None and name in _MOVES:
                 rep = push_through_elementwise(eqn, defn, uses)
+            if rep is not None and (why := _exact.reason(ctx, _exact.eqn_atoms(eqn), "moving")):
+                report.declined(PASS, eqn, why)  # exact=True: XLA's fusion around floats kept
+                rep = None
         if rep is None:
             for v in eqn.outvars:
                 producers[v] = eqn
@@ -311,7 +316,7 @@ def run(cj, ctx):
 
     def level(c):
         nonlocal changed
-        j, ch = simplify(c.jaxpr, ctx.report)
+        j, ch = simplify(c.jaxpr, ctx.report, ctx=ctx)
         if not ch:
             return c
         changed = True

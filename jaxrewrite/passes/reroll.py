@@ -57,6 +57,7 @@ import numpy as np
 
 from .. import _compat as C
 from .. import _cost
+from .. import _exact
 from .. import _walk
 from .._report import Decline
 from .._structural import Keyer, literal_key
@@ -653,6 +654,7 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         chain.eqns = [eqns[j] for j in chain.idx]  # operands substituted so far
         orig = list(chain.eqns)
         try:
+            _exact.check(ctx, [a for e in chain.eqns for a in _exact.eqn_atoms(e)], "rolling")
             chain = _generalize(chain, keyer)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
                                        lists=_cost.costs(ctx.target).reroll_list_read)

@@ -49,6 +49,7 @@ import numpy as np
 
 from .. import _compat as C
 from .. import _autotune, _cost
+from .. import _exact
 from .. import _walk
 from .._indexmap import gather_source_coords, window_core
 from .._pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
@@ -782,6 +783,9 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
             return jaxpr, False
     an = analyse(jaxpr, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
     if an.plan is None:
+        return jaxpr, False
+    if (why := _exact.reason(ctx, an.chosen, "splitting")) is not None:
+        ctx.report.declined(PASS, jaxpr.eqns[0], why)  # exact=True: float pieces fuse otherwise
         return jaxpr, False
     first = jaxpr.eqns[0] if jaxpr.eqns else None
     built: list = []                      # the split form, once made
