@@ -110,6 +110,47 @@ def window_core(operand_shape, dimension_numbers, slice_sizes, big: int):
     return wide, xs, ss
 
 
+def gather_batch_core(operand_shape, start_indices, dimension_numbers, slice_sizes, big: int):
+    """(passthrough, operand shape, indices) of a gather whose operand dim 0 is a batch read
+    row for row: output row b (output dim 0, index dim 0) reads operand row b, with one index
+    pattern for every row. Two forms say so:
+
+    * dim 0 is an operand batching dim paired with index dim 0, and the indices are the same
+      at every position along it (`take_along_axis` with a broadcast index);
+    * dim 0 is collapsed and addressed by an index component that is an iota along index dim 0,
+      the other components the same at every position along it (`x[np.arange(n)[:, None], p]`).
+
+    Then the map is computed with operand dim 0 and index dim 0 shrunk to 1, and
+    `passthrough` = {0: 0} (operand dim → output dim, as `wide_window_dims`); otherwise ({},
+    operand shape, indices) unchanged. Only a batch of more than `big` rows is shrunk.
+    """
+    idx = np.asarray(start_indices)
+    shape = tuple(int(d) for d in operand_shape)
+    unchanged = ({}, shape, idx)
+    if idx.ndim < 2 or not shape or not big < shape[0] < 2 ** 31 or idx.shape[0] != shape[0]:
+        return unchanged
+    offset_dims, collapsed, start_map, obatch, ibatch = _dn(
+        dimension_numbers, "offset_dims", "collapsed_slice_dims", "start_index_map",
+        "operand_batching_dims", "start_indices_batching_dims")
+    if 0 in offset_dims:  # output dim 0 is then a window dim, not index dim 0
+        return unchanged
+    first = idx[:1]
+    if 0 in obatch:
+        if ibatch[obatch.index(0)] != 0 or not np.array_equal(idx, np.broadcast_to(first,
+                                                                                   idx.shape)):
+            return unchanged
+    elif 0 in collapsed and 0 in start_map and int(slice_sizes[0]) == 1:
+        k = start_map.index(0)
+        iota = np.arange(shape[0]).reshape((shape[0],) + (1,) * (idx.ndim - 2))
+        others = np.delete(idx, k, axis=-1)
+        if not (np.array_equal(idx[..., k], np.broadcast_to(iota, idx.shape[:-1]))
+                and np.array_equal(others, np.broadcast_to(others[:1], others.shape))):
+            return unchanged
+    else:
+        return unchanged
+    return {0: 0}, (1,) + shape[1:], np.ascontiguousarray(first)
+
+
 def scatter_window_core(operand_shape, updates_shape, dimension_numbers, big: int):
     """(k, operand core shape, updates core shape) of a scatter: its leading operand dims
     0..k-1 are covered whole by every update window (start 0, full size, no index addresses

@@ -231,3 +231,32 @@ def test_no_concat_reason_ends_the_decline():
     big = np.roll(np.arange(IM.SPLIT_MAX_ELEMENTS + 8), 3)
     with pytest.raises(Decline, match="SPLIT_MAX_ELEMENTS"):
         IM.decompose(big.shape, big, allow_concat=True)
+
+
+def test_gather_batch_core_forms():
+    n = 100
+    # take_along_axis: batching dims (0, 0), the same indices in every row
+    dn = GDN(offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
+             operand_batching_dims=(0,), start_indices_batching_dims=(0,))
+    idx = np.broadcast_to(np.array([3, 2, 1, 0]), (n, 4))[..., None]
+    rows, shape, core = IM.gather_batch_core((n, 4), idx, dn, (1, 1), 64)
+    assert rows == {0: 0} and shape == (1, 4) and core.shape == (1, 4, 1)
+    full = IM.gather_map((n, 4), idx, dn, (1, 1), "clip")
+    one = IM.gather_map(shape, core, dn, (1, 1), "clip")
+    np.testing.assert_array_equal(full, one + 4 * np.arange(n)[:, None])  # row b: one row's + b
+    varying = idx.copy()
+    varying[7, 0, 0] = 1
+    assert IM.gather_batch_core((n, 4), varying, dn, (1, 1), 64)[0] == {}
+    assert IM.gather_batch_core((n, 4), idx, dn, (1, 1), 128)[0] == {}  # batch not above big
+    # x[np.arange(n)[:, None], p]: an iota component addressing collapsed dim 0
+    dn2 = GDN(offset_dims=(), collapsed_slice_dims=(0, 1), start_index_map=(0, 1))
+    p = np.array([3, 2, 1, 0])
+    idx2 = np.stack(np.broadcast_arrays(np.arange(n)[:, None], p[None, :]), axis=-1)
+    rows, shape, core = IM.gather_batch_core((n, 4), idx2, dn2, (1, 1), 64)
+    assert rows == {0: 0} and shape == (1, 4)
+    np.testing.assert_array_equal(IM.gather_map((n, 4), idx2, dn2, (1, 1), "clip"),
+                                  IM.gather_map(shape, core, dn2, (1, 1), "clip")
+                                  + 4 * np.arange(n)[:, None])
+    shifted = idx2.copy()
+    shifted[..., 0] = (shifted[..., 0] + 1) % n
+    assert IM.gather_batch_core((n, 4), shifted, dn2, (1, 1), 64)[0] == {}

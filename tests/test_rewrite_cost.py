@@ -48,7 +48,7 @@ def test_batched_scatter_rewrite_cost_does_not_grow_with_the_batch(name):
 @pytest.mark.parametrize("n", [16, 1024, 65536])
 def test_batched_scatter_equals_jit_bit_for_bit(name, n):
     fn, make = SCATTERS[name]
-    assert_equivalent(fn, *make(n), vmap=n <= 1024)
+    assert_equivalent(fn, *make(n), vmap=n <= 1024, bitwise=True)
 
 
 def test_batched_scatter_map_is_the_size_of_one_window(monkeypatch):
@@ -123,6 +123,58 @@ def test_per_window_analysis_makes_the_same_rewrites_and_declines(name, options,
     fn, make = CORE_CASES[name]
     args = make(256)
     per_window = _outcome(fn, args, **options)
-    assert_equivalent(fn, *args, vmap=False, **options)
+    assert_equivalent(fn, *args, vmap=False, bitwise=True, **options)
     monkeypatch.setattr(gathers, "WIDE_DIM", 1 << 40)
     assert _outcome(fn, args, **options) == per_window
+
+
+# Gathers whose operand dim 0 is a batch read row for row (an operand batching dim with the
+# same indices in every row, or an iota index component): analysed on one row.
+REV, ROT = np.array([3, 2, 1, 0]), np.array([1, 2, 3, 0])
+GATHER_CASES = {
+    "take_along_axis rev": lambda x: jnp.take_along_axis(x, np.broadcast_to(REV, x.shape), axis=1),
+    "take_along_axis rot": lambda x: jnp.take_along_axis(x, np.broadcast_to(ROT, x.shape), axis=1),
+    "take_along_axis fill": lambda x: jnp.take_along_axis(
+        x, np.broadcast_to(np.array([0, 0, 2, 9]), x.shape), axis=1, mode="fill", fill_value=-5),
+    "take_along_axis rows differ": lambda x: jnp.take_along_axis(
+        x, np.where(np.arange(x.shape[0])[:, None] % 2 == 1, REV, ROT), axis=1),
+    "iota rows, rev": lambda x: x[np.arange(x.shape[0])[:, None], REV],
+    "iota rows, one column": lambda x: x[np.arange(x.shape[0]), np.full(x.shape[0], 2)],
+    "shifted rows (not a batch)": lambda x: x[(np.arange(x.shape[0]) + 1) % x.shape[0]],
+}
+
+
+def _gather_outcome(fn, x, **options):
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(x), **options)
+    return (primitive_counts(res.jaxpr),
+            sorted(d.reason for d in res.report.declines if d.pass_name == "gathers"))
+
+
+@pytest.mark.parametrize("options", [{}, {"gathers": "all"}, {"target": "gpu"}],
+                         ids=["default", "all", "gpu"])
+@pytest.mark.parametrize("name", sorted(GATHER_CASES))
+def test_per_row_gather_analysis_makes_the_same_rewrites_and_declines(name, options,
+                                                                      monkeypatch):
+    fn = GATHER_CASES[name]
+    x = np.arange(256 * 4, dtype=np.int32).reshape(256, 4) * 3 - 500
+    per_row = _gather_outcome(fn, x, **options)
+    assert_equivalent(fn, x, vmap=False, bitwise=True, **options)
+    monkeypatch.setattr(_indexmap, "gather_batch_core",
+                        lambda shape, idx, *a: ({}, tuple(shape), np.asarray(idx)))
+    assert _gather_outcome(fn, x, **options) == per_row
+
+
+def test_batched_gather_by_batching_dims_is_analysed_per_row(monkeypatch):
+    """take_along_axis and iota-indexed rows over 65,536 rows: maps of one row (4 entries)."""
+    sizes = []
+    real = _indexmap.gather_map
+
+    def spy(operand_shape, *a, **k):
+        sizes.append(int(np.prod(operand_shape)))
+        return real(operand_shape, *a, **k)
+
+    monkeypatch.setattr(_indexmap, "gather_map", spy)
+    x = np.zeros((65536, 4), np.int32)
+    for name in ("take_along_axis rev", "take_along_axis rot", "iota rows, rev"):
+        jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(GATHER_CASES[name])(x), scalarize=False)
+    assert len(sizes) >= 3 and max(sizes) == 4

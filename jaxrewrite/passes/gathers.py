@@ -158,8 +158,11 @@ def _gather(eqn, ctx, statics):
         raise Decline(f"operand or output above fold_limit={limit} elements")
     p = eqn.params
     dn = p["dimension_numbers"]
-    # the map without the dims every window takes whole (those pass through)
-    wide, xs, ss = IM.window_core(xa.shape, dn, p["slice_sizes"], WIDE_DIM)
+    # the map without a batch read row for row, nor the dims every window takes whole (those
+    # pass through)
+    rows, xs, idx = IM.gather_batch_core(xa.shape, idx, dn, p["slice_sizes"], WIDE_DIM)
+    wide, xs, ss = IM.window_core(xs, dn, p["slice_sizes"], WIDE_DIM)
+    wide = {**rows, **wide}
     smap = memoised_gather_map(getattr(ctx, "cache", None), xs, idx, dn, ss, p["mode"]).copy()
     if not wide:
         return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
