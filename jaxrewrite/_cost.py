@@ -204,3 +204,85 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | N
         return (f"{plan.movers_removed} permutation(s) would become renaming but {plan.joins} "
                 f"re-join(s) would be needed")
     return None
+
+
+# --- Loop shape (passes/flatten.py): unroll a static-trip-count loop, or keep it rolled --------
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+    # Most equations a loop may have unrolled (compile time grows with them; on the GPU one
+    # fusion's compile time grows faster than linearly, which scalarize's cuts bound).
+    max_unrolled_eqns: int
+    # Launches one trip of a rolled loop costs beyond its body's: the GPU evaluates the loop
+    # condition as a kernel and reads it back each trip; XLA:CPU runs the loop in-process.
+    trip_launches: float
+    # Whether launches saved are reason enough (GPU), or the body must move data along a small
+    # axis of its carry so that scalarize turns the permutations into renaming (CPU: a rolled
+    # loop costs little there; unrolling alone only adds compile time).
+    launches_decide: bool
+
+
+LOOP_COSTS: dict[str, LoopCosts] = {
+    # CPU: ChaCha20 (bench/permutations.py, 65,536 blocks): the fori_loop form unrolled and split
+    # ran 1.00x the hand-written 16-word form (rolled, as jax.jit: 1.68x); a rolled loop costs
+    # no launches there, so only a split pays for the compile time unrolling adds.
+    "cpu": LoopCosts(4000, 0.0, launches_decide=False),
+    # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
+    # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
+    # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.
+    "gpu": LoopCosts(4000, 1.0, launches_decide=True),
+    "tpu": LoopCosts(4000, 1.0, launches_decide=True),
+}
+
+
+def loop_costs(target: str | None) -> LoopCosts:
+    row = "cpu" if target == "cpu" else "tpu" if target == "tpu" else "gpu"
+    return LOOP_COSTS[row]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopPlan:
+    """A loop with a static trip count, as the unroll decision sees it."""
+    trips: int
+    body_eqns: int
+    body_movers: int       # gathers / concatenates / stacks / revs in the body (end fusions)
+    permutes: bool         # the body reorders data along a small axis of its carry (a static
+                           # gather, a rev, a concatenate of slices): scalarize's seeds
+    piece_elements: int = 0  # the biggest piece a split of those axes could make
+    splits: bool = True    # whether scalarize runs (the `scalarize` option)
+    moves: bool = True     # the body moves data (a re-join included) along a small carry axis
+
+
+def unroll_decision(plan: LoopPlan, target: str | None, mode) -> tuple[str | None, str]:
+    """(None to unroll, or the reason to keep the loop rolled; the estimate, for the report).
+
+    Estimated launches per call: rolled, each trip launches its body's kernels (one, plus one
+    per fusion-ending mover) and `trip_launches`; unrolled, a split region is one kernel and an
+    unsplit one keeps its movers' kernels. `mode` is the `flatten` option: True unrolls within
+    the compile-time limit whatever the estimate.
+    """
+    c = loop_costs(target)
+    eqns = plan.trips * plan.body_eqns
+    rolled = plan.trips * (1 + plan.body_movers + c.trip_launches)
+    unrolled = 1 + (0 if plan.permutes else plan.trips * plan.body_movers)
+    summary = (f"~{rolled:g} launches/call rolled, ~{unrolled:g} unrolled; "
+               f"{plan.body_eqns} -> {eqns} equations (compile time)")
+    if not plan.moves:
+        return "no data movement along a small axis of the carry", summary
+    if eqns > c.max_unrolled_eqns:
+        return (f"{eqns} equations unrolled (limit {c.max_unrolled_eqns}: compile time); "
+                f"{summary}"), summary
+    if mode is True:
+        return None, summary
+    if not c.launches_decide:
+        # unrolled, the loop gains only what scalarize then makes of it
+        why = ("no permutation along a small axis of the carry to make renaming"
+               if not plan.permutes else "scalarize is off" if not plan.splits else
+               f"pieces of at most {plan.piece_elements} elements would not be split (minimum "
+               f"{costs(target).min_piece_elements})"
+               if plan.piece_elements < costs(target).min_piece_elements else None)
+        if why is not None:
+            return f"{why}; on {target} launches do not decide ({summary})", summary
+    if unrolled >= rolled:
+        return f"no launches saved ({summary})", summary
+    return None, summary

@@ -19,6 +19,9 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
                       "'all' also allows concatenate/pad forms"),
     ("movement", True, "simplify chains of data movement (slice/concat/transpose/reshape/rev)"),
     ("scalarize", "auto", "split small static axes into separate arrays so permutations are renaming"),
+    ("flatten", "auto", "inline small jit calls and unroll small static loops that carry small "
+                        "axes moved by permutations, so scalarize sees one region ('auto': the "
+                        "cost model decides; True: every eligible loop)"),
     ("autotune", False, "decide between candidate forms by compiling them (True: launch counts "
                          "+ cost model; 'time': run times, opt-in, may differ between processes); "
                          "choices cached on disk"),
@@ -53,6 +56,7 @@ VALID = {
     "gathers": (lambda v: _bool(v) or v == "all", "True, False or 'all'"),
     "movement": (_bool, "True or False"),
     "scalarize": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
+    "flatten": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
     "autotune": (lambda v: _bool(v) or v == "time", "True, False or 'time'"),
     "target": (lambda v: v is None or v in ("cpu", "gpu", "cuda", "rocm", "tpu"),
                "None, 'cpu', 'gpu' or 'tpu'"),
@@ -75,6 +79,7 @@ class Options:
     gathers: Any = DEFAULTS["gathers"]
     movement: Any = DEFAULTS["movement"]
     scalarize: Any = DEFAULTS["scalarize"]
+    flatten: Any = DEFAULTS["flatten"]
     autotune: Any = DEFAULTS["autotune"]
     target: Any = DEFAULTS["target"]
     max_rounds: int = DEFAULTS["max_rounds"]

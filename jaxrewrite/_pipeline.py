@@ -7,6 +7,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
                 called with constants are specialised at the call site (so gathers see indices).
 2. gathers    - static-index gather/scatter/dynamic_slice become structural data movement.
 3. movement   - data-movement algebra: slice∘concatenate, rev∘rev, permutation∘inverse, ...
+3b. flatten   - small jit calls and static-trip-count loops whose small axes are permuted are
+                inlined / unrolled (cost model), so scalarize sees one region.
 4. scalarize  - small static axes whose uses are all static become separate arrays.
 5. dedup      - structurally identical inner jaxprs become one object (lowered once).
 6. cse        - identical pure equations on identical operands are computed once.
@@ -64,6 +66,8 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("fold", "fold", True, own_fixpoint=True),
     PassSpec("gathers", "gathers", True),
     PassSpec("movement", "movement", True),
+    # flatten runs before scalarize: it removes the call and loop boundaries scalarize stops at.
+    PassSpec("flatten", "flatten", True),
     PassSpec("scalarize", "scalarize", True),
     # Sharing changes no structure: no work for another pass but cse, no dead code.
     PassSpec("dedup", "dedup", True, enables=("cse",), makes_dead_code=False),

@@ -1,0 +1,349 @@
+"""Flatten small static control flow, so that scalar replacement sees one region.
+
+A value that crosses a `jit` boundary or is carried by a loop stays whole there: scalarize
+(passes/scalarize.py) splits small static axes only within one jaxpr level, so a permutation in
+a jitted helper (`_double_round`'s `state.ravel()[diag_map]`) or in a loop body (`fori_loop`
+over double rounds) stays a gather, and the jitted quarter-round's `jnp.array([a, b, c, d])`
+stays a re-join. This pass removes those boundaries where the cost model says so, bottom-up
+(innermost levels first, so a call of a call is flat before its caller is looked at):
+
+1. Inline: a plain `jit` call (no shardings, layouts, donation, effects, compiler options)
+   whose signature carries a small static axis is replaced by its body where its body reorders
+   data along one (a static gather, a rev, a concatenate of slices), or its body re-joins
+   pieces (`jnp.array([a, b, c, d])`) and the calling level reorders them; on the GPU any such
+   data movement will do (it may end a kernel). On the CPU (`flatten="auto"`) only where
+   scalarize would split the pieces (`_cost.TargetCosts.min_piece_elements`); otherwise the
+   call stays, lowered once. A call is only a call inside the same `jax.jit`: XLA inlines it
+   before fusion anyway, so no value changes.
+
+       before:  d:u32[N,4,4] = jit[_quarterround]{ ... concatenate[dimension=2] ... } c
+       after:   (the body's equations, renamed; uses of d read the concatenate's result)
+
+2. Unroll: a loop with a static trip count - `scan` (what `fori_loop` with static bounds and
+   `lax.scan` lower to) or a `while` whose condition is `i < U` on a counter that starts at a
+   literal and is incremented by 1 (`fori_loop` with bounds that became literals) - whose body
+   is flat, exact (`EXACT`), moves data along a small axis of its carry (CPU: reorders it, so
+   that scalarize splits the unrolled form), and whose unrolled size
+   the cost model allows (`_cost.unroll_decision`: estimated launches per call rolled vs
+   unrolled, and the equations added, which is compile time):
+
+       before:  _, s = scan[length=2, num_carry=2]{ (i, c) -> (i + 1, f(c)) } 0 x
+       after:   s1 = f(x) ; s = f(s1)           (i folded away by fold)
+
+   xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
+
+Exactness: the same primitives on the same values in the same order. Loops are unrolled only
+where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
+comparison, selection and data movement), so XLA's different code for the flat form cannot
+round differently. `flatten=False` turns the pass off; `flatten=True` unrolls every eligible
+loop within the compile-time limit, whatever the launch estimate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _compat as C
+from .. import _cost
+from .. import _walk
+
+PASS = "flatten"
+
+# Primitives that compute each element exactly whatever the code XLA makes around them, and
+# data movement: a loop body of these computes the same bits rolled or unrolled.
+EXACT = frozenset({
+    "add", "sub", "mul", "neg", "abs", "sign", "max", "min", "and", "or", "xor", "not",
+    "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
+    "eq", "ne", "lt", "le", "gt", "ge", "select_n", "convert_element_type", "copy", "copy_p",
+    "integer_pow", "square",
+    "slice", "squeeze", "reshape", "broadcast_in_dim", "concatenate", "stack", "transpose",
+    "rev", "gather", "iota", "pad", "expand_dims",
+})
+# Equations that move data between positions: what splitting a small axis turns into renaming.
+MOVERS = frozenset({"gather", "concatenate", "stack", "rev"})
+# Integer arithmetic is exact; float add/mul/... are exactly rounded too, but XLA may contract
+# or reassociate differently in another fusion: floats stay rolled (their bodies' values kept).
+_EXACT_FLOAT_SAFE = frozenset({"slice", "squeeze", "reshape", "broadcast_in_dim", "concatenate",
+                               "stack", "transpose", "rev", "gather", "select_n", "copy",
+                               "copy_p", "pad", "expand_dims", "eq", "ne", "lt", "le", "gt",
+                               "ge", "max", "min", "neg", "abs"})
+
+
+def _small_axis(atom, max_axis: int) -> bool:
+    shape = getattr(C.aval_of(atom), "shape", ())
+    return any(1 < s <= max_axis for s in shape)
+
+
+def _is_float(atom) -> bool:
+    dt = getattr(C.aval_of(atom), "dtype", None)
+    return dt is not None and bool(np.issubdtype(dt, np.inexact))
+
+
+def _permutes(e, producer: dict) -> bool:
+    """Whether `e` reorders data (not only re-joins it): a static gather, a rev, or a
+    concatenate/stack of slices (a roll). `jnp.array([a, b, c, d])` joins computed values:
+    a mover, but splitting it alone gains nothing."""
+    name = e.primitive.name
+    if name == "gather":
+        return C.is_literal(e.invars[1])
+    if name == "rev":
+        return True
+    if name in ("concatenate", "stack"):
+        return any(not C.is_literal(a) and getattr(producer.get(a), "primitive", None) is not None
+                   and producer[a].primitive.name in ("slice", "squeeze", "reshape")
+                   for a in e.invars)
+    return False
+
+
+def _largest_piece(cj, max_axis: int, permuting: bool) -> int:
+    """The biggest piece a split along a small axis moved by some equation of `cj` (any level)
+    could make: scalarize's piece-size verdict, looked up before flattening (0: none moves
+    data along a small axis). `permuting`: count only equations that reorder (`_permutes`)."""
+    best = 0
+    for j in _walk.iter_jaxprs(cj):
+        jaxpr = j.jaxpr if isinstance(j, C.ClosedJaxpr) else j
+        producer = {v: e for e in jaxpr.eqns for v in e.outvars} if permuting else {}
+        for e in jaxpr.eqns:
+            if e.primitive.name not in MOVERS or (
+                    e.primitive.name == "gather" and not C.is_literal(e.invars[1])):
+                continue
+            if permuting and not _permutes(e, producer):
+                continue
+            for v in (*e.invars, *e.outvars):
+                if C.is_literal(v) or C.is_dropvar(v):
+                    continue
+                shape = C.aval_of(v).shape
+                small = [s for s in shape if 1 < s <= max_axis]
+                if small:
+                    best = max(best, int(np.prod(shape)) // min(small))
+    return best
+
+
+def _plain_call(eqn) -> bool:
+    """A `jit` equation that inlining cannot change: no shardings, layouts, donation, effects."""
+    p = eqn.params
+    u = C.unspecified_sharding()
+    return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
+            and all(s is u or s is None
+                    for s in tuple(p.get("in_shardings", ())) + tuple(p.get("out_shardings", ())))
+            and all(l is None for l in tuple(p.get("in_layouts", ())) + tuple(p.get("out_layouts", ())))
+            and not p.get("compiler_options_kvs")
+            and all(C.is_foldable_const(c) for c in p["jaxpr"].consts))
+
+
+def _inexact_body(jaxpr) -> str | None:
+    """Why a loop body is not exact to unroll (None: it is)."""
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name not in EXACT:
+            return f"'{name}' in the body (only exact integer/bitwise ops and data movement)"
+        if e.effects:
+            return f"'{name}' has effects"
+        if name not in _EXACT_FLOAT_SAFE and any(_is_float(v) for v in e.outvars):
+            return f"float '{name}' in the body (XLA may fuse it differently unrolled)"
+    return None
+
+
+def _inline_body(body: C.ClosedJaxpr, args, out: list) -> list:
+    """Append `body`'s equations, renamed, to `out` (source infos kept); its results' atoms."""
+    env = dict(zip(body.jaxpr.invars, args))
+    env.update({v: C.literal(np.asarray(c), v.aval)
+                for v, c in zip(body.jaxpr.constvars, body.consts)})
+    for e in body.jaxpr.eqns:
+        outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
+        out.append(e.replace(invars=[_walk.substitute(a, env) for a in e.invars], outvars=outs))
+        env.update(zip(e.outvars, outs))
+    return [_walk.substitute(a, env) for a in body.jaxpr.outvars]
+
+
+# --- loops with a static trip count ---------------------------------------------------------------
+
+def _scan_loop(eqn):
+    """(trips, body, consts, carry init, xs, reverse) of a scan."""
+    p = eqn.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    iv = list(eqn.invars)
+    return (p["length"], p["jaxpr"], iv[:nc], iv[nc:nc + nk], iv[nc + nk:], p["reverse"])
+
+
+def _while_loop(eqn):
+    """(trips, body, body consts, carry init, counter position) of a `while` that counts a
+    carried integer from a literal by 1 up to a literal bound (`fori_loop`), else None."""
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    cconsts, bconsts, init = eqn.invars[:cn], eqn.invars[cn:cn + bn], eqn.invars[cn + bn:]
+    if len(cond.jaxpr.eqns) != 1 or cond.consts:
+        return None
+    c = cond.jaxpr.eqns[0]
+    if c.primitive.name != "lt" or cond.jaxpr.outvars[0] is not c.outvars[0]:
+        return None
+    cenv = dict(zip(cond.jaxpr.invars, list(cconsts) + list(init)))
+    i_var, bound = c.invars
+    carry_in = cond.jaxpr.invars[cn:]
+    if i_var not in carry_in:
+        return None
+    k = carry_in.index(i_var)
+    if not C.is_literal(bound):
+        if bound in carry_in:
+            # a carried bound (fori_loop's `upper`) must pass through the body unchanged
+            j = carry_in.index(bound)
+            if body.jaxpr.outvars[j] is not body.jaxpr.invars[bn + j]:
+                return None
+        bound = cenv.get(bound, bound)
+    start = init[k]
+    if not (C.is_literal(bound) and C.is_literal(start)):
+        return None
+    # the body must step the counter by exactly 1
+    bi = body.jaxpr.invars[bn + k]
+    step = next((e for e in body.jaxpr.eqns if body.jaxpr.outvars[k] in e.outvars), None)
+    if (step is None or step.primitive.name != "add" or bi not in step.invars
+            or not any(C.is_literal(a) and np.asarray(C.literal_value(a)) == 1
+                       for a in step.invars)):
+        return None
+    trips = max(0, int(np.asarray(C.literal_value(bound))) - int(np.asarray(C.literal_value(start))))
+    return trips, body, list(bconsts), list(init)
+
+
+def _unroll(eqn, trips, body, consts, init, xs=(), reverse=False):
+    """The equations of `trips` copies of `body` chained through the carry; the results."""
+    from jax import lax
+    import jax.numpy as jnp
+    em = _walk.Emitter(eqn)
+    nk = len(init)
+    carry = list(init)
+    ys: list = []
+    for t in (reversed(range(trips)) if reverse else range(trips)):
+        x_t = [em.call(lambda v, t=t: lax.index_in_dim(v, t, keepdims=False), x)[0] for x in xs]
+        outs = _inline_body(body, list(consts) + carry + x_t, em.eqns)
+        carry = outs[:nk]
+        ys.append(outs[nk:])
+    if reverse:
+        ys.reverse()
+    stacked = []
+    for k, v in enumerate(eqn.outvars[nk:]):
+        if C.is_dropvar(v):
+            stacked.append(v)
+            continue
+        stacked.append(em.call(lambda *a: jnp.stack(a), *[y[k] for y in ys])[0])
+    return em.eqns, carry + stacked
+
+
+def _loop_plan(eqn, body, trips, ctx, max_axis) -> _cost.LoopPlan:
+    movers = sum(1 for e in body.jaxpr.eqns if e.primitive.name in MOVERS)
+    carried = eqn.params.get("num_carry")
+    carry = eqn.outvars[:carried] if carried is not None else eqn.outvars
+    small = any(_small_axis(v, max_axis) for v in carry if not C.is_dropvar(v))
+    piece = _largest_piece(body, max_axis, permuting=True) if small else 0
+    return _cost.LoopPlan(trips=trips, body_eqns=len(body.jaxpr.eqns), body_movers=movers,
+                          permutes=piece > 0, piece_elements=piece, splits=ctx.options.scalarize
+                          not in (False, None),
+                          moves=small and _largest_piece(body, max_axis, permuting=False) > 0)
+
+
+def _unroll_rule(ctx, mode, max_axis, stats):
+    def rule(eqn):
+        name = eqn.primitive.name
+        if name == "scan":
+            trips, body, consts, init, xs, reverse = _scan_loop(eqn)
+        elif name == "while":
+            found = _while_loop(eqn)
+            if found is None:
+                return None
+            trips, body, consts, init = found
+            xs, reverse = (), False
+        else:
+            return None
+        if trips == 0 or eqn.effects:
+            return None
+        plan = _loop_plan(eqn, body, trips, ctx, max_axis)
+        why, summary = _cost.unroll_decision(plan, ctx.target, mode)
+        if why is None:
+            why = _inexact_body(body.jaxpr)
+        if why is None and not all(C.is_foldable_const(c) for c in body.consts):
+            why = "the body closes over values not known at trace time"
+        if why is not None:
+            # a loop with nothing to split is normal: recorded only where it would have mattered
+            if plan.moves or mode is True:
+                ctx.report.declined(PASS, eqn, f"{name} of {trips} trips stays rolled: {why}")
+            return None
+        eqns, outs = _unroll(eqn, trips, body, consts, init, xs, reverse)
+        # the estimate rides on the event, so explain() shows why the loop was unrolled
+        ctx.report.applied(PASS, eqn, after=(f"unrolled ({summary})",))
+        ctx.report.count(f"{PASS}.unrolled_trips", trips)
+        stats.append(f"{name} of {trips} trips unrolled: {summary}")
+        return _walk.Replacement(eqns, outs)
+    return rule
+
+
+# --- driver --------------------------------------------------------------------------------------
+
+def _inline_rule(ctx, mode, max_axis, max_eqns):
+    """`should(eqn, level_piece)` (`level_piece()` looks the caller up): whether to inline a call: plain, small axes in its
+    signature, data moved along one in its body, a reordering in its body or at the calling
+    level (`level_piece`: `_largest_piece` of the caller's reorderings; a quarter-round's
+    `jnp.array` re-join is worth inlining only where the caller permutes), and (mode 'auto')
+    pieces that scalarize would split on this target."""
+    min_piece = _cost.costs(ctx.target).min_piece_elements
+    launches_decide = _cost.loop_costs(ctx.target).launches_decide
+    splits = ctx.options.scalarize not in (False, None)
+
+    def should(eqn, level_piece):
+        if not _plain_call(eqn) or not any(
+                _small_axis(v, max_axis) for v in (*eqn.invars, *eqn.outvars)
+                if not C.is_literal(v) and not C.is_dropvar(v)):
+            return False
+        body = eqn.params["jaxpr"]
+        # where launches decide (GPU), any data movement along a small axis may end a kernel
+        piece = _largest_piece(body, max_axis, permuting=not launches_decide)
+        if piece == 0:
+            piece = min(level_piece(), _largest_piece(body, max_axis, permuting=False))
+        if piece == 0 or (mode == "auto" and (not splits or piece < min_piece)):
+            return False   # nothing scalarize would split: the call stays (lowered once)
+        n = _walk.count_eqns(body)
+        if n > max_eqns:
+            ctx.report.declined(PASS, eqn, f"call of {n} equations not inlined "
+                                           f"(limit {max_eqns}: compile time)")
+            return False
+        ctx.report.applied(PASS, eqn, after=("inlined",))
+        return True
+    return should
+
+
+def run(cj, ctx):
+    """Inline small calls and unroll small static loops that carry small static axes moved by
+    data movement, innermost first. Nothing else changes."""
+    mode = ctx.options.flatten
+    if mode is False or mode is None:
+        return cj, False
+    lc = _cost.loop_costs(ctx.target)
+    max_axis = _cost.costs(ctx.target).max_axis
+    stats: list = []
+    should_inline = _inline_rule(ctx, mode, max_axis, lc.max_unrolled_eqns)
+    unroll = _unroll_rule(ctx, mode, max_axis, stats)
+    changed = [False]
+
+    def inline(c, j):
+        memo: list = []   # the level's reorderings, looked up at the first candidate call
+
+        def level_piece():
+            if not memo:
+                memo.append(_largest_piece(C.closed(j, c.consts), max_axis, permuting=True))
+            return memo[0]
+        return _walk.inline_calls(j, lambda e: should_inline(e, level_piece))
+
+    def level(c):
+        j = c.jaxpr
+        j2 = inline(c, j)
+        j3, ch = _walk.rewrite_eqns(j2, unroll)
+        if ch:
+            # a call that a loop body held is now at this level: inline it too
+            j3 = inline(c, j3)
+        if j3 is j:
+            return c
+        changed[0] = True
+        return C.closed(j3, c.consts)
+
+    out = _walk.map_jaxprs(cj, level)
+    if stats:
+        ctx.report.stats.setdefault(f"{PASS}.loops", []).extend(stats)
+    return (out, True) if changed[0] else (cj, False)

@@ -1,0 +1,271 @@
+"""Flattening calls and static loops (passes/flatten.py) so permutations become renaming.
+
+The ChaCha20 block function as its author wrote it (a reconstruction from issue 12): a jitted
+quarter-round on a 4-vector, vmapped over the columns of the 4x4 state; a jitted double round
+that moves diagonals into columns with `state.ravel()[diag_map]` (`diag_map` a `jnp.array`
+literal) and back; a jitted block that runs 10 double rounds in `lax.fori_loop` (or `lax.scan`,
+or a Python loop) and adds the input. Checked bit for bit against `jax.jit` and the RFC 8439
+section 2.3.2 test vector; structure by primitive counts.
+"""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxrewrite
+from jaxrewrite import _cost
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import permutations as P  # noqa: E402
+from seed import COLFNS, PERMS  # noqa: E402
+
+
+def rotl(x, n):
+    return (x << jnp.uint32(n)) | (x >> jnp.uint32(32 - n))
+
+
+@jax.jit
+def _quarterround(x):
+    a, b, c, d = x[0], x[1], x[2], x[3]
+    a = a + b; d = rotl(d ^ a, 16)  # noqa: E702
+    c = c + d; b = rotl(b ^ c, 12)  # noqa: E702
+    a = a + b; d = rotl(d ^ a, 8)  # noqa: E702
+    c = c + d; b = rotl(b ^ c, 7)  # noqa: E702
+    return jnp.array([a, b, c, d], dtype=jnp.uint32)
+
+
+@jax.jit
+def _double_round(state):
+    qr = jax.vmap(_quarterround, in_axes=1, out_axes=1)
+    diag_map = jnp.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
+    undiag_map = jnp.array([0, 1, 2, 3, 7, 4, 5, 6, 10, 11, 8, 9, 13, 14, 15, 12])
+    state = qr(state)
+    state = state.ravel()[diag_map].reshape(4, 4)
+    state = qr(state)
+    return state.ravel()[undiag_map].reshape(4, 4)
+
+
+def block(kind, rounds=10):
+    """The block function, its double rounds in `lax.fori_loop`, `lax.scan` or a Python loop."""
+    @jax.jit
+    def _block(state):
+        if kind == "fori":
+            s = lax.fori_loop(0, rounds, lambda i, s: _double_round(s), state)
+        elif kind == "scan":
+            s = lax.scan(lambda s, _: (_double_round(s), None), state, None, length=rounds)[0]
+        else:
+            s = state
+            for _ in range(rounds):
+                s = _double_round(s)
+        return s + state
+    return _block
+
+
+block_fori = block("fori")
+KEYS = np.random.default_rng(0).integers(0, 2**32, (8, 4, 4), dtype=np.uint32)
+KEYS[0] = P.RFC_STATE
+KEYS = jnp.asarray(KEYS)
+
+
+def _counts(fn, *args, **options):
+    return primitive_counts(jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(fn)(*args), **options))
+
+
+def test_chacha_block_rfc_vector_and_bit_exact():
+    """The fori_loop form, 10 double rounds: RFC 8439 2.3.2 and jax.jit, bit for bit."""
+    f = jax.vmap(block_fori)
+    out = np.asarray(jaxrewrite.optimize(f, target="gpu")(KEYS))
+    np.testing.assert_array_equal(out[0], P.RFC_OUT)
+    np.testing.assert_array_equal(out, np.asarray(jax.jit(f)(KEYS)))
+
+
+@pytest.mark.parametrize("kind", ["fori", "scan", "python"])
+def test_chacha_block_becomes_16_words(kind):
+    f = jax.vmap(block(kind))
+    counts = _counts(f, KEYS, target="gpu", debug_checks=True)
+    # no loop, no call, no gather left: the diagonal steps are renaming of 16 words
+    for prim in ("gather", "scan", "while", "jit", "concatenate", "transpose"):
+        assert prim not in counts, (prim, counts)
+    assert counts.get("stack", 0) == 1            # the one re-join: the output
+    assert counts["add"] == 10 * 2 * 16 + 16       # 4 adds x 4 columns x 2 half rounds x 10, + x
+    # bit for bit at 2 double rounds (10 are checked above; each compile of 10 takes ~30 s)
+    f2 = jax.vmap(block(kind, rounds=2))
+    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f2, target="gpu")(KEYS)),
+                                  np.asarray(jax.jit(f2)(KEYS)))
+
+
+def test_chacha_default_cpu_at_piece_size_flattens():
+    """The default options on the CPU at 1,024 blocks (pieces of 1,024 words, the CPU's
+    minimum): the calls are inlined and the loop unrolled, with the estimate in the report;
+    whether scalarize then splits is its own cost model's verdict (tests/test_scalarize.py)."""
+    keys = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (1024, 4, 4), np.uint32))
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(jax.vmap(block_fori))(keys),
+                                               target="cpu")
+    counts = primitive_counts(res.jaxpr)
+    assert "scan" not in counts and "jit" not in counts
+    unrolled = [e for e in res.report.rewrites if e.pass_name == "flatten" and e.before == ("scan",)]
+    assert len(unrolled) == 1 and "launches/call" in unrolled[0].after[0]
+    f2 = jax.vmap(block("fori", rounds=2))
+    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f2)(keys)),
+                                  np.asarray(jax.jit(f2)(keys)))
+
+
+def test_cpu_small_batch_stays_rolled_with_reason():
+    """8 blocks on the CPU: scalarize would not split pieces of 8 words, so nothing is unrolled
+    (compile time for nothing) and the decline says why."""
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(jax.vmap(block_fori))(KEYS),
+                                               target="cpu")
+    counts = primitive_counts(res.jaxpr)
+    assert counts["scan"] == 1 and counts["gather"] == 2
+    reasons = [e.reason for e in res.report.declines if e.pass_name == "flatten"]
+    assert reasons and all("would not be split" in r for r in reasons)
+
+
+def test_flatten_off_keeps_loop_and_calls():
+    counts = _counts(jax.vmap(block_fori), KEYS, target="gpu", flatten=False)
+    assert counts["scan"] == 1 and counts["jit"] >= 2 and counts["gather"] == 2
+
+
+def test_idempotent():
+    once = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(jax.vmap(block_fori))(KEYS), target="gpu")
+    twice = jaxrewrite.rewrite_jaxpr(once, target="gpu")
+    assert primitive_counts(once) == primitive_counts(twice)
+
+
+def test_jnp_array_constants_fold_like_numpy():
+    """`jnp.array([...])` inside a jitted function is a constant like a numpy one: the gather's
+    indices are known, and both spellings rewrite to the same structure."""
+    np_map = np.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
+
+    def with_np(s):
+        return jax.jit(lambda s: s.ravel()[np_map].reshape(4, 4))(s)
+
+    def with_jnp(s):
+        return jax.jit(lambda s: s.ravel()[jnp.array(np_map.tolist())].reshape(4, 4))(s)
+
+    a = _counts(jax.vmap(with_np), KEYS, target="gpu")
+    b = _counts(jax.vmap(with_jnp), KEYS, target="gpu")
+    assert a == b
+    np.testing.assert_array_equal(jaxrewrite.optimize(jax.vmap(with_jnp), target="gpu")(KEYS),
+                                  jax.jit(jax.vmap(with_jnp))(KEYS))
+
+
+# --- the seed program's inner function in a loop --------------------------------------------------
+
+def seed_loop(perm, kind):
+    @jax.jit
+    def inner_fn(m):
+        return PERMS[perm](jax.vmap(COLFNS["mix"], in_axes=1, out_axes=1)(m))
+
+    def one(m):
+        if kind == "fori":
+            return lax.fori_loop(0, 7, lambda i, m: inner_fn(m), m)
+        return lax.scan(lambda m, _: (inner_fn(m), None), m, None, length=7)[0]
+
+    return jax.vmap(one)
+
+
+@pytest.mark.parametrize("perm", ["gather", "take", "ravel"])
+@pytest.mark.parametrize("kind", ["fori", "scan"])
+def test_seed_inner_fn_in_loop(perm, kind):
+    ms = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (1024, 4, 4), np.uint32))
+    f = seed_loop(perm, kind)
+    cj = assert_equivalent(f, ms, vmap=False)          # default options, CPU, bit for bit
+    counts = primitive_counts(cj)
+    for prim in ("gather", "scan", "while", "jit"):
+        assert prim not in counts, (prim, counts)
+    assert counts["mul"] == 7 * 3 * 4            # split: 4 words x 3 muls x 7 trips
+    # with no permutation at all there is nothing to make renaming: loop and call stay
+    none = primitive_counts(jaxrewrite.rewrite_jaxpr(
+        jax.make_jaxpr(seed_loop("none", kind))(ms)))
+    assert none["scan"] == 1 and none["jit"] == 1
+
+
+def test_while_fori_loop_with_folded_bound():
+    """`fori_loop` with a traced bound lowers to `while`; once fold makes the bound a literal,
+    the loop has a static trip count and is unrolled like a scan."""
+    perm = np.array([1, 2, 3, 0])
+
+    def f(x):
+        n = jnp.int32(3) + 4
+        return lax.fori_loop(0, n, lambda i, x: (x[:, perm] ^ (x << jnp.uint32(1)))
+                             + i.astype(jnp.uint32), x)
+
+    x = jnp.asarray(np.random.default_rng(3).integers(0, 2**32, (1024, 4), np.uint32))
+    counts = primitive_counts(assert_equivalent(f, x, vmap=False))
+    assert "while" not in counts and "gather" not in counts
+    assert counts["xor"] == 7 * 4
+
+
+def test_scan_with_xs_ys_and_reverse():
+    perm = np.array([3, 0, 1, 2])
+
+    def f(x, xs):
+        def body(c, xt):
+            c = c[:, perm] + xt
+            return c, c[:, ::-1] * jnp.uint32(3)
+        return lax.scan(body, x, xs, reverse=True)
+
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.integers(0, 2**32, (64, 4), np.uint32))
+    xs = jnp.asarray(rng.integers(0, 2**32, (5, 64, 4), np.uint32))
+    counts = primitive_counts(assert_equivalent(f, x, xs, target="gpu", vmap=False))
+    assert "scan" not in counts and "gather" not in counts
+
+
+def test_float_movement_loop_gradients():
+    """A float body of data movement and selection only is exact unrolled; gradients by value."""
+    perm = np.array([2, 0, 3, 1])
+
+    def f(x):
+        return lax.fori_loop(0, 3, lambda i, x: jnp.maximum(x[:, perm], -x), x)
+
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((16, 4)), jnp.float32)
+    counts = primitive_counts(assert_equivalent(f, x, target="gpu"))
+    assert "scan" not in counts and "gather" not in counts
+
+
+def test_inexact_body_stays_rolled_with_reason():
+    perm = np.array([2, 0, 3, 1])
+
+    def f(x):
+        return lax.fori_loop(0, 3, lambda i, x: jnp.sin(x[:, perm]), x)
+
+    x = jnp.ones((16, 4), jnp.float32)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), target="gpu")
+    assert primitive_counts(res.jaxpr)["scan"] == 1
+    assert any(e.pass_name == "flatten" and "'sin'" in e.reason for e in res.report.declines)
+
+
+def test_long_loop_stays_rolled_for_compile_time():
+    def f(s):
+        return lax.fori_loop(0, 1000, lambda i, s: _double_round(s), s)
+
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(jax.vmap(f))(KEYS), target="gpu")
+    assert primitive_counts(res.jaxpr)["scan"] == 1
+    assert any(e.pass_name == "flatten" and "compile time" in e.reason
+               for e in res.report.declines)
+
+
+@pytest.mark.parametrize("target,permutes,piece,go", [
+    ("gpu", False, 0, True),        # launches decide on the GPU: 10 trips -> 1 region
+    ("cpu", False, 0, False),       # the CPU unrolls only what scalarize then splits
+    ("cpu", True, 512, False),      # ... pieces below its minimum are not split
+    ("cpu", True, 65536, True),
+])
+def test_unroll_decision_table(target, permutes, piece, go):
+    plan = _cost.LoopPlan(trips=10, body_eqns=50, body_movers=2, permutes=permutes,
+                          piece_elements=piece)
+    why, summary = _cost.unroll_decision(plan, target, "auto")
+    assert (why is None) == go
+    assert "launches/call" in summary and "500 equations" in summary
+
+
+def test_option_validated():
+    with pytest.raises(ValueError):
+        jaxrewrite.optimize(block_fori, flatten="yes")
