@@ -201,7 +201,7 @@ def param_key(v, sub) -> Any:
         import jax
         if isinstance(v, jax.Array):
             return const_key(v)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a probe: keyed below instead (hash or identity)
         pass
     if callable(v) and not isinstance(v, type):
         return _Ident(v)  # callbacks, thunks: the same only when the same object

@@ -46,7 +46,7 @@ def _declined(report, pass_name: str) -> list[str]:
             if d.pass_name == pass_name and "exact=True" in (d.reason or "")]
 
 
-# --- jax.jit alone: the same math, grouped two ways, two results ------------------------------------
+# --- jax.jit alone: the same math, grouped two ways, two results ---------
 
 @needs_fma
 def test_jax_jit_rounds_by_fusion():
@@ -64,7 +64,7 @@ def test_jax_jit_rounds_by_fusion():
     assert_contract_equal(gather, flip)
 
 
-# --- an MJX-like case: a static gather around float arithmetic --------------------------------------
+# --- an MJX-like case: a static gather around float arithmetic -----
 
 def kinematics_like(a, b, c):
     """A product gathered by static indices, then added (MJX: `xquat[body_parent]` products)."""
@@ -91,7 +91,7 @@ def test_exact_keeps_the_float_gather_and_every_bit():
     assert_equivalent(kinematics_like, A, B, C, exact=True)  # bitwise by default under exact
 
 
-# --- a CSE-in-gradient case: a stencil whose repeated terms CSE merges ------------------------------
+# --- a CSE-in-gradient case: a stencil whose repeated terms CSE merges ---------
 
 M = 64
 SHIFT_P, SHIFT_M = np.roll(np.arange(M), 1), np.roll(np.arange(M), -1)
