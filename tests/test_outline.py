@@ -242,3 +242,48 @@ def test_a_loop_of_identical_layers_is_one_scan_of_one_layer_per_trip():
         assert all(inner.get(p, 0) == n for p, n in per_layer.items()), (L, inner)
         if L == 8:
             _close(jaxrewrite.optimize(f, reroll=True)(x, ws, bs), jax.jit(f)(x, ws, bs))
+
+
+def test_training_step_rolls_one_layer_per_trip_every_layer():
+    """A training step: forward, backward and an adam-like update per parameter leaf. The
+    update's short blocks align more equations over the level than the layers do, so periods
+    are ranked by their longest periodic stretch (a layer); the mask every layer builds from
+    constants is left by cse in the first layer only and is hoisted, so every layer rolls,
+    forward and backward."""
+    import jaxrewrite
+
+    L = 6
+
+    def layer(x, p):
+        mask = jnp.tril(jnp.ones((8, 8), bool))
+        a = jnp.where(mask, x @ x.T, -1e9)
+        h = jax.nn.softmax(a, axis=-1) @ x
+        return x + jnp.tanh(h @ p["w"] + p["b"]) * 0.5
+
+    def loss(params, x):
+        x = x @ params[0]["w"]  # (an embedding: the first layer's input is differentiated too)
+        for p in params:
+            x = layer(x, p)
+        return (x * x).mean()
+
+    def step(params, m, v, x):
+        g = jax.grad(loss)(params, x)
+        leaves, tree = jax.tree_util.tree_flatten(params)
+        out = []
+        for p, gi, mi, vi in zip(leaves, jax.tree_util.tree_leaves(g),
+                                 jax.tree_util.tree_leaves(m), jax.tree_util.tree_leaves(v)):
+            mi = 0.9 * mi + 0.1 * gi
+            vi = 0.999 * vi + 0.001 * gi * gi
+            out.append(p - 1e-3 * mi / (jnp.sqrt(vi) + 1e-8))
+        return jax.tree_util.tree_unflatten(tree, out)
+
+    rng = np.random.default_rng(0)
+    params = [{"w": rng.normal(0, 0.3, (8, 8)).astype(np.float32),
+               "b": rng.normal(0, 0.1, (8,)).astype(np.float32)} for _ in range(L)]
+    zeros = jax.tree_util.tree_map(np.zeros_like, params)
+    x = rng.normal(0, 1, (8, 8)).astype(np.float32)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(step)(params, zeros, zeros, x),
+                                               reroll=True)
+    assert sorted(res.report.stats["reroll.lengths"]) == [L, L]   # forward and backward
+    _close(jaxrewrite.optimize(step, reroll=True)(params, zeros, zeros, x),
+           jax.jit(step)(params, zeros, zeros, x))

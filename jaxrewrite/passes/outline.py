@@ -15,17 +15,18 @@ pass (JAX inlines checkpointed layers there) and Python loops over plain code le
 Finding a run, per jaxpr level:
 1. Each equation gets a signature: primitive, params (nested jaxprs by structure), operand and
    result avals, literal values; equations with effects get one of their own (never repeated).
-2. Candidate periods L are the distances between consecutive equations of one signature; for
-   each (the most frequent few), the positions where signature[i] == signature[i + L] form runs.
-3. The phase (where a segment starts) is the boundary inside the run that the fewest values
-   cross (a layer boundary: only the carried state crosses it).
+2. Candidate periods L are the distances between nearby equations of one signature; for each
+   (those with the longest periodic stretch, and their multiples), the positions where
+   signature[i] == signature[i + L] form runs.
+3. The phase (where a segment starts) is, of the boundaries that keep the most segments, the
+   one the fewest values cross (a layer boundary: only the carried state crosses it).
 4. A run is k >= `min_len` segments of L >= `MIN_EQNS` equations that reference each other the
    same way: an operand defined in its own segment comes from the same position in every
    segment; every other operand is an argument of the call (the reroll pass decides which are
    carried, loop-invariant or per iteration, and cuts chains it cannot roll).
-5. Of the runs found, one that rolls (`_rolls`: each segment carries from the one before) is
-   taken first, then the run covering most equations, then fewest arguments, then the
-   shortest segment.
+5. Of the runs found, only one that rolls (`_rolls`: each segment carries from the one before)
+   is taken: the one covering most equations, then fewest arguments, then the shortest
+   segment.
 """
 from __future__ import annotations
 
@@ -60,11 +61,24 @@ def _signatures(eqns, keyer: Keyer, bodies: frozenset = frozenset()) -> np.ndarr
     return ids
 
 
+def _longest(ids: np.ndarray, g: int) -> int:
+    """Equations covered by the longest stretch that repeats with period `g`."""
+    eq = np.concatenate([[0], (ids[:-g] == ids[g:]).astype(np.int8), [0]])
+    edges = np.diff(eq)
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return int((ends - starts).max()) + g if len(starts) else 0
+
+
 def _periods(ids: np.ndarray, min_len: int) -> list[int]:
     """Candidate segment lengths: distances between occurrences of one signature, `LAGS` apart
     (a vectorised op split into 4 pieces repeats its signature 4 times in a row: the distance
-    to the next round is 4 occurrences away), the `MAX_PERIODS` that align most equations with
-    their copy one period later, and their multiples."""
+    to the next round is 4 occurrences away), the `MAX_PERIODS` with the longest stretch that
+    repeats with that period, and their multiples.
+
+    Ranked by the longest stretch, not by how many equations align over the whole level: in a
+    training step an optimizer's update (one short block per parameter leaf) aligns more
+    equations in total than the layers do, so one-layer periods never made the cut, although
+    a layer is the longest periodic stretch."""
     seen: dict = {}
     gaps: collections.Counter = collections.Counter()
     for i, s in enumerate(ids.tolist()):
@@ -74,8 +88,8 @@ def _periods(ids: np.ndarray, min_len: int) -> list[int]:
             prev.append(i)
     limit = len(ids) // max(min_len, 1)
     cands = [g for g, _ in gaps.most_common(4 * MAX_PERIODS) if g <= limit]
-    aligned = {g: int(np.count_nonzero(ids[:-g] == ids[g:])) for g in cands}
-    top = sorted(cands, key=lambda g: (-aligned[g], g))[:MAX_PERIODS]
+    longest = {g: _longest(ids, g) for g in cands}
+    top = sorted(cands, key=lambda g: (-longest[g], g))[:MAX_PERIODS]
     # ... and their multiples (a layer of 3 identical blocks repeats with period 3 blocks,
     # though each equation recurs every block)
     out = set()
@@ -114,7 +128,20 @@ def _positions(eqns, p: int, L: int, k: int) -> dict:
     return pos
 
 
-def _verify(eqns, outvars, p: int, L: int, k: int):
+def _uses(eqns, outvars) -> dict:
+    """Each value -> the equations that read it (len(eqns) for the level's outputs)."""
+    uses: dict = {}
+    for i, e in enumerate(eqns):
+        for a in e.invars:
+            if not C.is_literal(a):
+                uses.setdefault(a, []).append(i)
+    for a in outvars:
+        if not C.is_literal(a):
+            uses.setdefault(a, []).append(len(eqns))
+    return uses
+
+
+def _verify(eqns, uses: dict, p: int, L: int, k: int):
     """(slot groups, exports, external atoms per segment) when segments [p + m L, p + (m+1) L)
     for m < k reference each other alike; else None. A slot is an operand position (offset,
     operand index) not defined in its own segment; slots that hold the same atom in every
@@ -146,15 +173,9 @@ def _verify(eqns, outvars, p: int, L: int, k: int):
         groups.setdefault(tuple(seg[s] for seg in slots), []).append(s)
     exports = set()
     end = p + k * L
-    for i, e in enumerate(eqns):
-        inside = p <= i < end
-        for a in e.invars:
-            d = None if C.is_literal(a) else pos.get(a)
-            if d is not None and (not inside or (i - p) // L != d[0]):
-                exports.add((d[1], d[2]))
-    for a in outvars:
-        d = None if C.is_literal(a) else pos.get(a)
-        if d is not None:
+    for v, d in pos.items():
+        if (d[1], d[2]) not in exports and any(
+                not p <= i < end or (i - p) // L != d[0] for i in uses.get(v, ())):
             exports.add((d[1], d[2]))
     return list(groups.values()), sorted(exports), slots
 
@@ -182,7 +203,18 @@ def _rolls(eqns, p: int, L: int, k: int, slots) -> bool:
 
 
 def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
-    best = None
+    """The best run: (phase, L, k, _verify's result), or None.
+
+    Each stretch that repeats with period L is a candidate. Its phase is the boundary the fewest
+    values cross among the phases that keep the most segments (a boundary in a training step's
+    forward pass is crossed by every residual saved before it, so the fewest crossings overall
+    is the stretch's first equation, often mid-layer: 15 of 16 layers rolled); the boundary
+    the fewest cross in the whole first period is a candidate too (a stretch that starts and
+    ends mid-layer may roll only from a layer boundary, with a segment less). The first run
+    that rolls, by most equations covered, then fewest call arguments, then shortest segment
+    (one layer per trip, not two), is taken. A run that does not roll is never taken: `reroll` would inline its calls back
+    (an optimizer's per-leaf update: thousands of equations outlined for nothing)."""
+    cands = []
     cross = None
     for L in _periods(ids, min_len):
         eq = np.concatenate([[0], (ids[:-L] == ids[L:]).astype(np.int8), [0]])
@@ -192,16 +224,22 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
             if j - i >= L * (min_len - 1):
                 if cross is None:
                     cross = _crossings(eqns)
-                phase = i + int(np.argmin(cross[i:i + L]))
-                k = (j + L - phase) // L
-                if k >= min_len:
-                    found = _verify(eqns, outvars, phase, L, k)
-                    # a chain first (only a chain rolls), then most equations covered, fewest
-                    # call arguments, shortest body (most trips)
-                    score = None if found is None else (
-                        _rolls(eqns, phase, L, k, found[2]), k * L, -len(found[0]), -L)
-                    if score is not None and (best is None or score > best[0]):
-                        best = (score, (phase, L, k, found))
+                spare = (j + L - i) % L             # phases i .. i + spare keep every segment
+                for phase in {i + int(np.argmin(cross[i:i + spare + 1])),
+                              i + int(np.argmin(cross[i:i + L]))}:
+                    k = (j + L - phase) // L
+                    if k >= min_len:
+                        cands.append((k * L, -L, phase, k))
+    uses = _uses(eqns, outvars) if cands else {}
+    best = None
+    for cover, neg_l, phase, k in sorted(cands, reverse=True):
+        if best is not None and cover < best[0][0]:
+            break
+        found = _verify(eqns, uses, phase, -neg_l, k)
+        if found is not None and _rolls(eqns, phase, -neg_l, k, found[2]):
+            score = (cover, -len(found[0]), neg_l)
+            if best is None or score > best[0]:
+                best = (score, (phase, -neg_l, k, found))
     return None if best is None else best[1]
 
 
@@ -234,10 +272,30 @@ def _body(eqns, p: int, L: int, groups, exports, slots0):
     return C.closed(C.new_jaxpr(invars, body_eqns, outvars, "outlined"), ())
 
 
+def _hoist_constants(eqns) -> list:
+    """`eqns` with the equations that depend on nothing but literals and each other
+    (constants) moved to the front, in their order; the others keep theirs.
+
+    `cse` leaves one copy of a computation every layer repeats on constants (Flax Linen builds
+    the causal mask in each block) in the first layer, which then differs from the others and
+    is left out of the run (15 of 16 layers rolled). Moved up front, it is an argument of all."""
+    const: set = set()
+    front, rest = [], []
+    for e in eqns:
+        if not C.has_effects(e) and all(C.is_literal(a) or a in const for a in e.invars):
+            front.append(e)
+            const.update(v for v in e.outvars if not C.is_dropvar(v))
+        else:
+            rest.append(e)
+    return front + rest if front and rest else list(eqns)
+
+
 def outline_level(jaxpr, keyer: Keyer, min_len: int):
     """(new jaxpr, bodies outlined) for one level; (jaxpr, set()) when no run is found."""
     import jax
     bodies: set = set()
+    original = jaxpr
+    jaxpr = C.replace_jaxpr(jaxpr, eqns=_hoist_constants(jaxpr.eqns))
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
         run = _find_run(eqns, jaxpr.outvars, _signatures(eqns, keyer, frozenset(bodies)),
@@ -268,7 +326,7 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
         new_eqns.extend(_walk.rename_operands(e, env) for e in eqns[p + k * L:])
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
-    return jaxpr, bodies
+    return (jaxpr if bodies else original), bodies
 
 
 def inline_outlined(jaxpr, bodies: set):
