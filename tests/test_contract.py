@@ -270,3 +270,57 @@ def test_every_broad_except_in_the_package_says_why():
                 if not re.search(r"#\s*noqa: BLE001 - \S", line):
                     bare.append(f"{path.relative_to(pkg)}:{n}: {line.strip()}")
     assert not bare, "broad excepts without a reason:\n" + "\n".join(bare)
+
+
+def test_exact_declines_rolling_float_chains_only():
+    """reroll=True: a chain of float layers stays unrolled under exact=True (rolling changes
+    XLA's fusion of the layers), with the reason recorded; an integer chain still rolls."""
+    def floats(x):
+        for _ in range(6):
+            x = jax.jit(lambda s: jnp.sin(s) * 0.5 + s)(x)
+        return x
+
+    def ints(x):
+        for _ in range(6):
+            x = jax.jit(lambda s: (s * jnp.uint32(2654435761)) ^ (s >> 7))(x)
+        return x
+
+    xf = jnp.linspace(0, 1, 8)
+    xi = jnp.arange(8, dtype=jnp.uint32)
+    for fn, x, rolled in ((floats, xf, False), (ints, xi, True)):
+        res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(x), reroll=True, exact=True)
+        assert ("scan" in primitive_counts(res.jaxpr)) == rolled, fn.__name__
+        assert bool(_declined(res.report, "reroll")) != rolled, fn.__name__
+        assert_equivalent(fn, x, reroll=True, exact=True)
+
+
+def _col_mix_float(col):
+    """bench/seed.py's interdependent column function, in floats."""
+    a, b, c, d = col[0], col[1], col[2], col[3]
+    for _ in range(3):
+        a = a * 0.75 + d * 0.25
+        b = b * 0.5 + a * c
+        c = c * 0.5 - b * a
+    return jnp.array([a, b, c, d])
+
+
+def test_exact_declines_splitting_and_moving_float_values():
+    """The seed's 7-iteration program in floats: by default scalarize splits the 4x4 state and
+    movement cancels the permutations around it; under exact=True both decline (reasons
+    recorded) and the program keeps its float arithmetic as jax.jit fuses it."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+    import seed
+
+    fn = seed.rounds_program(_col_mix_float, seed.perm_take)
+    spec = jax.ShapeDtypeStruct((1024, 4, 4), jnp.float32)
+    cj = jax.make_jaxpr(fn)(spec)
+    default = jaxrewrite.rewrite_jaxpr_with_report(cj)
+    exact = jaxrewrite.rewrite_jaxpr_with_report(cj, exact=True)
+    assert default.report.counts["scalarize.applied"] > 0
+    assert default.report.counts["movement.applied"] > 0
+    assert exact.report.counts["scalarize.applied"] == 0 and _declined(exact.report, "scalarize")
+    assert exact.report.counts["movement.applied"] == 0
+    ms = jnp.asarray(_RNG.standard_normal((1024, 4, 4)), jnp.float32)
+    assert _differing(jaxrewrite.optimize(fn, exact=True)(ms), jax.jit(fn)(ms)) == 0
