@@ -13,10 +13,17 @@
    - `take+optimize`: the `take` form through `jaxrewrite.optimize` (movement + scalarize);
    - `take+optimize(reroll)`: the same with `reroll=True`: the split double rounds become one
      scan of 10 trips (`unroll=2`: 5 trips of two double rounds).
+   - `fori`: as its author wrote it (issue 12): a jitted quarter-round on a 4-vector vmapped over
+     the columns, a jitted double round with `jnp.array` index maps, the double rounds in
+     `lax.fori_loop` (jax.jit: a rolled loop);
+   - `fori+optimize`, `scan+optimize`, `python+optimize`: that program through `optimize`, with
+     the loop as `lax.fori_loop`, `lax.scan` or a Python loop (passes/flatten.py unrolls it and
+     inlines the helpers, then scalarize splits).
    vmapped over 65,536 blocks (4,096 with --quick). Every form is checked bit-exact against the
    RFC 8439 section 2.3.2 test vector and against `jax.jit` of the `take` form.
 2. The seed's 7-iteration program (bench/seed.py), interdependent column function, with the
-   `lax.gather`, `jnp.take` and ravel-index-reshape permutations and with none.
+   `lax.gather`, `jnp.take` and ravel-index-reshape permutations and with none; and (issue 12)
+   the `jnp.take` and no-permutation inner functions in `lax.fori_loop(0, 7)` / `lax.scan`.
 
 Columns: H200 kernels in the compiled module and launches per call (a loop's kernels once per
 trip) (deviceless XLA compile, when the gpu-aot extra is importable and JAX_PLATFORMS=cpu;
@@ -132,6 +139,46 @@ def chacha_words(x, rounds=ROUNDS):
 FORMS = {"take": chacha_take, "roll": chacha_roll, "concat": chacha_concat,
          "rows": chacha_rows, "words": chacha_words}
 
+
+# ChaCha20 as its author wrote it (issue 12): a jitted quarter-round on a 4-vector, vmapped over
+# the columns; a jitted double round moving diagonals into columns with a `jnp.array` index map;
+# a jitted block running the double rounds in `lax.fori_loop`, `lax.scan` or a Python loop.
+
+@jax.jit
+def _quarterround(x):
+    a, b, c, d = quarter(x[0], x[1], x[2], x[3])
+    return jnp.array([a, b, c, d], dtype=jnp.uint32)
+
+
+@jax.jit
+def _double_round(state):
+    qr = jax.vmap(_quarterround, in_axes=1, out_axes=1)
+    diag_map = jnp.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
+    undiag_map = jnp.array([0, 1, 2, 3, 7, 4, 5, 6, 10, 11, 8, 9, 13, 14, 15, 12])
+    state = qr(state).ravel()[diag_map].reshape(4, 4)
+    return qr(state).ravel()[undiag_map].reshape(4, 4)
+
+
+def chacha_loop(kind: str, rounds: int = ROUNDS):
+    """The block function with its double rounds in `lax.fori_loop` ("fori"), `lax.scan`
+    ("scan") or a Python loop ("python")."""
+    @jax.jit
+    def _block(state):
+        if kind == "fori":
+            s = jax.lax.fori_loop(0, rounds, lambda i, s: _double_round(s), state)
+        elif kind == "scan":
+            s = jax.lax.scan(lambda s, _: (_double_round(s), None), state, None, length=rounds)[0]
+        else:
+            s = state
+            for _ in range(rounds):
+                s = _double_round(s)
+        return s + state
+    _block.__name__ = f"chacha_{kind}"
+    return _block
+
+
+LOOP_FORMS = ("fori", "scan", "python")
+
 # RFC 8439, section 2.3.2: key 00:01:..:1f, block count 1, nonce 00:00:00:09:00:00:00:4a:00..00
 RFC_STATE = np.array([0x61707865, 0x3320646e, 0x79622d32, 0x6b206574,
                       0x03020100, 0x07060504, 0x0b0a0908, 0x0f0e0d0c,
@@ -227,9 +274,16 @@ def chacha(quick: bool) -> list[dict]:
         gpu[name] = lambda u=u: jaxrewrite.optimize(jax.vmap(chacha_take), target="gpu",
                                                     reroll=True, unroll=u)
         trips[name] = -(-ROUNDS // u)
+    # issue 12: jitted helpers and a loop; rolled under jax.jit, flattened by optimize
+    variants["fori"] = lambda: jax.jit(jax.vmap(chacha_loop("fori")))
+    for kind in LOOP_FORMS:
+        variants[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)))
+        gpu[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)),
+                                                                     target="gpu")
     if quick:  # the slow-to-compile forms are left to the full run
         variants = {k: v for k, v in variants.items()
-                    if k in ("take", "words", "take+optimize", "take+optimize(reroll)")}
+                    if k in ("take", "words", "take+optimize", "take+optimize(reroll)", "fori",
+                             "fori+optimize")}
     rows = _table("chacha20", variants, x, "words", ref, 3 if quick else 7, gpu,
                   compile_repeats=1 if quick else 5, trips=trips)
     single = np.asarray(jaxrewrite.optimize(chacha_take)(jnp.asarray(RFC_STATE)))
@@ -250,6 +304,15 @@ def seed(quick: bool) -> list[dict]:
         variants[p] = lambda fn=fn: jax.jit(fn)
         variants[f"{p}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn)
         gpu[f"{p}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn, target="gpu")
+    # issue 12: the inner function in lax.fori_loop(0, 7) / lax.scan of 7 trips
+    for kind in ("fori", "scan"):
+        for p in ("take", "none"):
+            fn = rounds_loop(COLFNS["mix"], PERMS[p], kind)
+            variants[f"{p}/{kind}"] = lambda fn=fn: jax.jit(fn)
+            variants[f"{p}/{kind}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn)
+            gpu[f"{p}/{kind}+optimize"] = lambda fn=fn: jaxrewrite.optimize(fn, target="gpu")
+    if quick:
+        variants = {k: v for k, v in variants.items() if "scan" not in k}
     ref = {}
     rows = []
     for p in ("gather", "take", "ravel"):
@@ -257,9 +320,28 @@ def seed(quick: bool) -> list[dict]:
     rows = _table("seed/mix", variants, ms, "none", ref["take"], 3 if quick else 7, gpu,
                   compile_repeats=1 if quick else 5)
     for row in rows:
-        if row["form"] == "none":
+        if row["form"].startswith("none"):
             row["exact"] = "-"
     return rows
+
+
+def rounds_loop(colfn, perm, kind: str):
+    """bench/seed.py's 7-iteration program with the iterations in `lax.fori_loop(0, 7)`
+    ("fori") or `lax.scan` ("scan") instead of a Python loop."""
+    @jax.jit
+    def inner(m):
+        return perm(jax.vmap(colfn, in_axes=1, out_axes=1)(m))
+
+    def one(m):
+        if kind == "fori":
+            return jax.lax.fori_loop(0, 7, lambda i, m: inner(m), m)
+        return jax.lax.scan(lambda m, _: (inner(m), None), m, None, length=7)[0]
+
+    def rounds(ms):
+        return jax.vmap(one)(ms)
+
+    rounds.__name__ = f"rounds_{kind}_{perm.__name__[5:]}"
+    return rounds
 
 
 def main(quick: bool = False) -> list[dict]:

@@ -1,6 +1,7 @@
 """Flattening calls and static loops (passes/flatten.py) so permutations become renaming.
 
-The ChaCha20 block function as its author wrote it (a reconstruction from issue 12): a jitted
+The ChaCha20 block function as its author wrote it (a reconstruction from issue 12, kept in
+bench/permutations.py as `chacha_loop` so the benchmark measures the same program): a jitted
 quarter-round on a 4-vector, vmapped over the columns of the 4x4 state; a jitted double round
 that moves diagonals into columns with `state.ravel()[diag_map]` (`diag_map` a `jnp.array`
 literal) and back; a jitted block that runs 10 double rounds in `lax.fori_loop` (or `lax.scan`,
@@ -25,47 +26,14 @@ import permutations as P  # noqa: E402
 from seed import COLFNS, PERMS  # noqa: E402
 
 
-def rotl(x, n):
-    return (x << jnp.uint32(n)) | (x >> jnp.uint32(32 - n))
-
-
-@jax.jit
-def _quarterround(x):
-    a, b, c, d = x[0], x[1], x[2], x[3]
-    a = a + b; d = rotl(d ^ a, 16)  # noqa: E702
-    c = c + d; b = rotl(b ^ c, 12)  # noqa: E702
-    a = a + b; d = rotl(d ^ a, 8)  # noqa: E702
-    c = c + d; b = rotl(b ^ c, 7)  # noqa: E702
-    return jnp.array([a, b, c, d], dtype=jnp.uint32)
-
-
-@jax.jit
-def _double_round(state):
-    qr = jax.vmap(_quarterround, in_axes=1, out_axes=1)
-    diag_map = jnp.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])
-    undiag_map = jnp.array([0, 1, 2, 3, 7, 4, 5, 6, 10, 11, 8, 9, 13, 14, 15, 12])
-    state = qr(state)
-    state = state.ravel()[diag_map].reshape(4, 4)
-    state = qr(state)
-    return state.ravel()[undiag_map].reshape(4, 4)
-
-
 def block(kind, rounds=10):
-    """The block function, its double rounds in `lax.fori_loop`, `lax.scan` or a Python loop."""
-    @jax.jit
-    def _block(state):
-        if kind == "fori":
-            s = lax.fori_loop(0, rounds, lambda i, s: _double_round(s), state)
-        elif kind == "scan":
-            s = lax.scan(lambda s, _: (_double_round(s), None), state, None, length=rounds)[0]
-        else:
-            s = state
-            for _ in range(rounds):
-                s = _double_round(s)
-        return s + state
-    return _block
+    """The block function (bench/permutations.py `chacha_loop`: jitted `_quarterround` vmapped
+    over columns, jitted `_double_round` with `jnp.array` index maps), its double rounds in
+    `lax.fori_loop`, `lax.scan` or a Python loop."""
+    return P.chacha_loop(kind, rounds)
 
 
+_double_round = P._double_round
 block_fori = block("fori")
 KEYS = np.random.default_rng(0).integers(0, 2**32, (8, 4, 4), dtype=np.uint32)
 KEYS[0] = P.RFC_STATE
@@ -108,7 +76,8 @@ def test_chacha_default_cpu_at_piece_size_flattens():
                                                target="cpu")
     counts = primitive_counts(res.jaxpr)
     assert "scan" not in counts and "jit" not in counts
-    unrolled = [e for e in res.report.rewrites if e.pass_name == "flatten" and e.before == ("scan",)]
+    unrolled = [e for e in res.report.rewrites
+                if e.pass_name == "flatten" and e.before == ("scan",)]
     assert len(unrolled) == 1 and "launches/call" in unrolled[0].after[0]
     f2 = jax.vmap(block("fori", rounds=2))
     np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f2)(keys)),
@@ -158,16 +127,8 @@ def test_jnp_array_constants_fold_like_numpy():
 # --- the seed program's inner function in a loop --------------------------------------------------
 
 def seed_loop(perm, kind):
-    @jax.jit
-    def inner_fn(m):
-        return PERMS[perm](jax.vmap(COLFNS["mix"], in_axes=1, out_axes=1)(m))
-
-    def one(m):
-        if kind == "fori":
-            return lax.fori_loop(0, 7, lambda i, m: inner_fn(m), m)
-        return lax.scan(lambda m, _: (inner_fn(m), None), m, None, length=7)[0]
-
-    return jax.vmap(one)
+    """The seed program's inner function (bench/seed.py) in fori_loop(0, 7) or a scan of 7."""
+    return P.rounds_loop(COLFNS["mix"], PERMS[perm], kind)
 
 
 @pytest.mark.parametrize("perm", ["gather", "take", "ravel"])

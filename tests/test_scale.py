@@ -21,7 +21,8 @@ from jaxrewrite.testing import assert_bitwise_equal
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import scale  # noqa: E402
 
-OFF = {name: False for name in ("dedup", "cse", "fold", "gathers", "movement", "scalarize", "reroll")
+OFF = {name: False for name in ("dedup", "cse", "fold", "gathers", "movement", "scalarize", "reroll",
+                                "flatten")
        if name in {n for n, _, _ in jaxrewrite.OPTIONS}}
 X = jnp.arange(4.0)
 

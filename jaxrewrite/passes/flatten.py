@@ -40,7 +40,9 @@ loop within the compile-time limit, whatever the launch estimate.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import _compat as C
 from .. import _cost
@@ -94,27 +96,38 @@ def _permutes(e, producer: dict) -> bool:
     return False
 
 
-def _largest_piece(cj, max_axis: int, permuting: bool) -> int:
+def _largest_piece(cj, max_axis: int, permuting: bool, memo: dict | None = None) -> int:
     """The biggest piece a split along a small axis moved by some equation of `cj` (any level)
     could make: scalarize's piece-size verdict, looked up before flattening (0: none moves
-    data along a small axis). `permuting`: count only equations that reorder (`_permutes`)."""
+    data along a small axis). `permuting`: count only equations that reorder (`_permutes`).
+    `memo`: per jaxpr object, for the walk of one `run` (a shared body is looked at once)."""
+    jaxpr = cj.jaxpr if isinstance(cj, C.ClosedJaxpr) else cj
+    key = (id(jaxpr), permuting)
+    if memo is not None and key in memo and memo[key][0] is jaxpr:
+        return memo[key][1]
     best = 0
-    for j in _walk.iter_jaxprs(cj):
-        jaxpr = j.jaxpr if isinstance(j, C.ClosedJaxpr) else j
-        producer = {v: e for e in jaxpr.eqns for v in e.outvars} if permuting else {}
-        for e in jaxpr.eqns:
-            if e.primitive.name not in MOVERS or (
-                    e.primitive.name == "gather" and not C.is_literal(e.invars[1])):
+    producer: dict | None = None
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name not in MOVERS or (name == "gather" and not C.is_literal(e.invars[1])):
+            continue
+        if permuting:
+            if producer is None and name in ("concatenate", "stack"):
+                producer = {v: q for q in jaxpr.eqns for v in q.outvars}
+            if not _permutes(e, producer or {}):
                 continue
-            if permuting and not _permutes(e, producer):
+        for v in (*e.invars, *e.outvars):
+            if C.is_literal(v) or C.is_dropvar(v):
                 continue
-            for v in (*e.invars, *e.outvars):
-                if C.is_literal(v) or C.is_dropvar(v):
-                    continue
-                shape = C.aval_of(v).shape
-                small = [s for s in shape if 1 < s <= max_axis]
-                if small:
-                    best = max(best, int(np.prod(shape)) // min(small))
+            shape = C.aval_of(v).shape
+            small = [s for s in shape if 1 < s <= max_axis]
+            if small:
+                best = max(best, int(np.prod(shape)) // min(small))
+    for _, subs in _walk.nested_eqns(jaxpr):
+        for _, _, sub in subs:
+            best = max(best, _largest_piece(sub, max_axis, permuting, memo))
+    if memo is not None:
+        memo[key] = (jaxpr, best)   # (the object kept: its id is not reused during the walk)
     return best
 
 
@@ -125,7 +138,8 @@ def _plain_call(eqn) -> bool:
     return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
             and all(s is u or s is None
                     for s in tuple(p.get("in_shardings", ())) + tuple(p.get("out_shardings", ())))
-            and all(l is None for l in tuple(p.get("in_layouts", ())) + tuple(p.get("out_layouts", ())))
+            and all(lay is None for lay in tuple(p.get("in_layouts", ()))
+                    + tuple(p.get("out_layouts", ())))
             and not p.get("compiler_options_kvs")
             and all(C.is_foldable_const(c) for c in p["jaxpr"].consts))
 
@@ -166,7 +180,7 @@ def _scan_loop(eqn):
 
 
 def _while_loop(eqn):
-    """(trips, body, body consts, carry init, counter position) of a `while` that counts a
+    """(trips, body, body consts, carry init) of a `while` that counts a
     carried integer from a literal by 1 up to a literal bound (`fori_loop`), else None."""
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
@@ -200,14 +214,13 @@ def _while_loop(eqn):
             or not any(C.is_literal(a) and np.asarray(C.literal_value(a)) == 1
                        for a in step.invars)):
         return None
-    trips = max(0, int(np.asarray(C.literal_value(bound))) - int(np.asarray(C.literal_value(start))))
+    lo, hi = (int(np.asarray(C.literal_value(a))) for a in (start, bound))
+    trips = max(0, hi - lo)
     return trips, body, list(bconsts), list(init)
 
 
 def _unroll(eqn, trips, body, consts, init, xs=(), reverse=False):
     """The equations of `trips` copies of `body` chained through the carry; the results."""
-    from jax import lax
-    import jax.numpy as jnp
     em = _walk.Emitter(eqn)
     nk = len(init)
     carry = list(init)
@@ -228,19 +241,19 @@ def _unroll(eqn, trips, body, consts, init, xs=(), reverse=False):
     return em.eqns, carry + stacked
 
 
-def _loop_plan(eqn, body, trips, ctx, max_axis) -> _cost.LoopPlan:
+def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
     movers = sum(1 for e in body.jaxpr.eqns if e.primitive.name in MOVERS)
     carried = eqn.params.get("num_carry")
     carry = eqn.outvars[:carried] if carried is not None else eqn.outvars
     small = any(_small_axis(v, max_axis) for v in carry if not C.is_dropvar(v))
-    piece = _largest_piece(body, max_axis, permuting=True) if small else 0
+    piece = piece_of(body, True) if small else 0
     return _cost.LoopPlan(trips=trips, body_eqns=len(body.jaxpr.eqns), body_movers=movers,
                           permutes=piece > 0, piece_elements=piece, splits=ctx.options.scalarize
                           not in (False, None),
-                          moves=small and _largest_piece(body, max_axis, permuting=False) > 0)
+                          moves=small and piece_of(body, False) > 0)
 
 
-def _unroll_rule(ctx, mode, max_axis, stats):
+def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
     def rule(eqn):
         name = eqn.primitive.name
         if name == "scan":
@@ -255,7 +268,7 @@ def _unroll_rule(ctx, mode, max_axis, stats):
             return None
         if trips == 0 or eqn.effects:
             return None
-        plan = _loop_plan(eqn, body, trips, ctx, max_axis)
+        plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
         why, summary = _cost.unroll_decision(plan, ctx.target, mode)
         if why is None:
             why = _inexact_body(body.jaxpr)
@@ -277,12 +290,12 @@ def _unroll_rule(ctx, mode, max_axis, stats):
 
 # --- driver --------------------------------------------------------------------------------------
 
-def _inline_rule(ctx, mode, max_axis, max_eqns):
-    """`should(eqn, level_piece)` (`level_piece()` looks the caller up): whether to inline a call: plain, small axes in its
-    signature, data moved along one in its body, a reordering in its body or at the calling
-    level (`level_piece`: `_largest_piece` of the caller's reorderings; a quarter-round's
-    `jnp.array` re-join is worth inlining only where the caller permutes), and (mode 'auto')
-    pieces that scalarize would split on this target."""
+def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
+    """`should(eqn, level_piece)`: whether to inline a call. It must be plain, carry a small
+    axis in its signature, and reorder data along one in its body, or re-join along one where
+    the calling level reorders (`level_piece()`: `_largest_piece` of the caller's reorderings;
+    a quarter-round's `jnp.array` re-join pays only where its caller permutes the words); with
+    mode 'auto', scalarize must be on and the pieces big enough for it on this target."""
     min_piece = _cost.costs(ctx.target).min_piece_elements
     launches_decide = _cost.loop_costs(ctx.target).launches_decide
     splits = ctx.options.scalarize not in (False, None)
@@ -294,9 +307,9 @@ def _inline_rule(ctx, mode, max_axis, max_eqns):
             return False
         body = eqn.params["jaxpr"]
         # where launches decide (GPU), any data movement along a small axis may end a kernel
-        piece = _largest_piece(body, max_axis, permuting=not launches_decide)
+        piece = piece_of(body, not launches_decide)
         if piece == 0:
-            piece = min(level_piece(), _largest_piece(body, max_axis, permuting=False))
+            piece = min(level_piece(), piece_of(body, False))
         if piece == 0 or (mode == "auto" and (not splits or piece < min_piece)):
             return False   # nothing scalarize would split: the call stays (lowered once)
         n = _walk.count_eqns(body)
@@ -318,8 +331,13 @@ def run(cj, ctx):
     lc = _cost.loop_costs(ctx.target)
     max_axis = _cost.costs(ctx.target).max_axis
     stats: list = []
-    should_inline = _inline_rule(ctx, mode, max_axis, lc.max_unrolled_eqns)
-    unroll = _unroll_rule(ctx, mode, max_axis, stats)
+    pieces: dict = {}
+
+    def piece_of(j, permuting: bool) -> int:
+        return _largest_piece(j, max_axis, permuting, pieces)
+
+    should_inline = _inline_rule(ctx, mode, max_axis, lc.max_unrolled_eqns, piece_of)
+    unroll = _unroll_rule(ctx, mode, max_axis, piece_of, stats)
     changed = [False]
 
     def inline(c, j):
@@ -327,14 +345,18 @@ def run(cj, ctx):
 
         def level_piece():
             if not memo:
-                memo.append(_largest_piece(C.closed(j, c.consts), max_axis, permuting=True))
+                memo.append(piece_of(j, True))
             return memo[0]
         return _walk.inline_calls(j, lambda e: should_inline(e, level_piece))
 
     def level(c):
         j = c.jaxpr
+        if not _walk.nested_eqns(j):   # most levels: no call, no loop
+            return c
         j2 = inline(c, j)
-        j3, ch = _walk.rewrite_eqns(j2, unroll)
+        loops = any(j2.eqns[i].primitive.name in ("scan", "while")
+                    for i, _ in _walk.nested_eqns(j2))
+        j3, ch = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
         if ch:
             # a call that a loop body held is now at this level: inline it too
             j3 = inline(c, j3)
