@@ -50,8 +50,8 @@ def reason(ctx, atoms, what: str) -> str | None:
     """Why `what` must not happen to `atoms` under `exact=True` (None: it may)."""
     if not on(ctx) or not any(_inexact(a) for a in atoms):
         return None
-    return (f"exact=True: {what} floating-point values could change how XLA fuses the arithmetic "
-            f"around them (FMA contraction, summation order): not bit for bit")
+    return (f"exact=True: {what} floating-point values can change their rounding (XLA contracts "
+            f"multiply-adds into FMAs per fusion; jax.grad sums cotangents per use)")
 
 
 def check(ctx, atoms, what: str) -> None:

@@ -554,10 +554,11 @@ def _level(cj, ctx):
         if fn is None:
             return None
         try:
-            rep = fn(eqn, ctx, statics)
-            if rep is not None:  # exact=True: float values keep XLA's fusion of the gather
+            # exact=True: a float gather with static indices keeps XLA's fusion around it (checked
+            # before the rule, which records what it applies)
+            if _exact.on(ctx) and any(statics.value(a) is not None for a in eqn.invars[1:]):
                 _exact.check(ctx, _exact.eqn_atoms(eqn), "rewriting a gather/scatter of")
-            return rep
+            return fn(eqn, ctx, statics)
         except Decline as d:
             ctx.report.declined(NAME, eqn, str(d))
             return None
