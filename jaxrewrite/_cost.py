@@ -12,6 +12,10 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   but 2.2x the 16-word form's run time). XLA:CPU copies each output's whole producer cone into
   its own loop fusion (the 16-word form: 16 fusions of ~1,570 HLO instructions each), so every
   re-join of pieces costs a loop per piece, and small pieces cost more loops than they save.
+* CPU, fused code: a concatenate of at most 8 operands is fused with its producers, and that
+  fusion's emitter computes a shared value once per path to it (an ARX hash re-joined into 8
+  words: 100x slower); a piece re-joined otherwise gets its whole producer cone in a loop
+  fusion of its own (compile time). `join_model` estimates both on the emitted split form.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
   2/5/10 double rounds: 1.3/3.3/15 s for the H200), so the GPU row cuts long split regions.
 
@@ -21,6 +25,7 @@ strictest about concatenates).
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,40 @@ class TargetCosts:
     # GPU/TPU: the `cond` that reads a row syncs its index to the host each step; not measured,
     # so they keep the stacked form.
     reroll_list_read: bool = False
+    # Recomputation in fused code (`join_model`). XLA:CPU fuses a concatenate of at most
+    # `concat_fuse_max` operands (its kMaxConcatenateArguments, 8) with its producers, and that
+    # fusion's emitter computes a shared value once per path to it, not once: a 10-round ARX
+    # hash re-joined into 8 words (tests/test_never_worse.py) took 7.5e4x the instructions of
+    # the unfused form, and 1,024 blocks ran 100x slower at 2 rounds and did not finish in 15
+    # minutes at 10. A re-join whose paths exceed `max_recompute` x its shared cone is kept
+    # out of that fusion (`_pieces.Builder._stack_apart`: a stack of more than 8 operands; each
+    # piece then has a loop fusion of its own, where shared values are computed once).
+    # 0: no concatenate fusion modelled (GPU: not measured).
+    concat_fuse_max: int = 0
+    max_recompute: float = float("inf")
+    # Compile time: XLA:CPU copies a re-joined piece's whole producer cone into the piece's own
+    # loop fusion, so the instructions it compiles are the pieces' cones summed (`join_model`):
+    # at most `max_fused_growth` of those per equation of the original level. Measured (paired,
+    # compile / run vs jax.jit; estimated growth): ChaCha20, 4,096 blocks, 2 and 10 double
+    # rounds 28.7x -> 8.7x / 0.62x and 36.8x -> 11-17x / 0.39x; 4x4 ARX hash with a message,
+    # 1,024 blocks, 2 / 6 / 10 rounds 24.4x -> 9.4x / 0.70x, 29.9x -> 6.3x / 0.44x, 31x ->
+    # 7-35x / 0.39x; 8 words re-joined apart, 4 rounds 14.9x -> 2.6x / 0.31x; 25 lanes, 2
+    # rounds, 65,536 blocks 41.3x -> 8.8x / 0.33x; 24 rounds 444x (declined); rolls on 4x4
+    # fields, 2 steps 19.2x -> 2.8x / 0.66x, 4 steps 51x -> 1.5x / 0.72x (declined:
+    # conservative where jax.jit's own compile is slow). Compile ratios on a shared 2-core
+    # machine vary 2-3x from run to run; the growth does not predict the run-time gain.
+    max_fused_growth: float = float("inf")
+    # Fewest compute equations a re-joined piece's loop must average: each loop reads its words
+    # strided (one of every block's), which only enough work per element pays for. Seed program
+    # (bench/seed.py), 65,536 blocks: `col << 1` 7 times, 7 per piece: split 2.7x slower than
+    # jax.jit (paired, this machine; README had 0.57x); the mixing column, 67 per piece: 0.25x;
+    # rolls on 4x4 fields, 48 per piece: 0.66x.
+    min_piece_cone: int = 0
+    # Axes longer than `max_axis`, up to this, are split too where the fused-code estimate
+    # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py unrolls loops for
+    # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
+    # `fori_loop` unrolled and then not split ran 2.6x slower than kept rolled.)
+    cost_axis: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -76,8 +115,13 @@ COSTS: dict[str, TargetCosts] = {
     # The trade this row makes (seed program, bench/seed.py, 65,536 wide): splitting takes CPU
     # fusions 7 -> 16 and compile time to ~2.4x jax.jit's, and runs ~3x faster; the report
     # records it (`scalarize.fusion_trade`: pieces whose re-joins cost a loop each).
-    "cpu": TargetCosts(16, 16, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
-                       counts_decide=False, max_launch_growth=4.0, reroll_list_read=True),
+    # Axes of 17..32 (`cost_axis`) and up to 32 pieces where the fused-code estimate allows (a
+    # 25-lane state, 2 rounds with a message, 65,536 blocks: run 0.33x, compile 8.8x jax.jit;
+    # 16 was the limit and it kept its gathers).
+    "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
+                       counts_decide=False, max_launch_growth=4.0, reroll_list_read=True,
+                       concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
+                       min_piece_cone=16, cost_axis=32),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -206,6 +250,81 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | N
     return None
 
 
+
+@dataclasses.dataclass(frozen=True)
+class JoinCone:
+    """One re-join of a split level, measured on the emitted equations (scalarize._join_cones).
+
+    `cones`: per piece, the equations in its producer cone up to the level's fusion boundaries,
+    each shared value once; `paths`: per piece, the same with sharing expanded (a value counted
+    once per path from the piece to it: what XLA:CPU's concatenate emitter computes);
+    `union`: the equations in all the pieces' cones together."""
+    pieces: int
+    cones: tuple
+    paths: tuple
+    union: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinModel:
+    apart: tuple           # indices of the joins kept out of a concatenate fusion
+    fused: int             # instructions XLA would compile in the fusions ending at the joins
+    pieces: int            # pieces re-joined, all joins together
+    growth: float          # `fused` per equation of the original level
+    summary: str           # the estimate, said in the report
+
+
+def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None) -> JoinModel:
+    """How XLA:CPU fuses the re-joins of a split level, and what it computes and compiles.
+
+    | re-join of P pieces               | XLA:CPU makes                              |
+    | --------------------------------- | ------------------------------------------ |
+    | P > concat_fuse_max               | a loop fusion per piece (its cone)          |
+    | P <= concat_fuse_max              | one concatenate fusion (each piece's cone)  |
+    | ... and sum(paths) > max_recompute | kept apart (a stack of > 8 operands): a    |
+    |     x sum(cones)                  | loop fusion per piece                      |
+
+    Instructions compiled: the sum of the pieces' cones either way. Fused, the concatenate
+    emitter computes sum(paths) instead: exponential along an ARX chain, where every rotate
+    uses its operand twice. Targets with `concat_fuse_max` 0 are not modelled (GPU, TPU):
+    nothing apart, and no growth limit.
+    """
+    c = costs(target)
+    if not c.concat_fuse_max or not joins:
+        return JoinModel((), 0, 0, 0.0, "")
+    apart, fused, worst = [], 0, 0.0
+    for k, j in enumerate(joins):
+        fused += sum(j.cones)
+        if j.pieces > c.concat_fuse_max:
+            continue
+        ratio = sum(j.paths) / max(1, sum(j.cones))
+        worst = max(worst, ratio)
+        if ratio > c.max_recompute:
+            apart.append(k)
+    growth = fused / max(1, eqns_before)
+    summary = (f"fused-code estimate on {target}: {fused} instructions for {len(joins)} "
+               f"re-join(s) ({growth:.1f}x the level's {eqns_before} equations)")
+    if worst > 1:
+        summary += f"; shared values recomputed up to {worst:.3g}x in a concatenate fusion"
+    if apart:
+        summary += f", {len(apart)} re-join(s) kept apart (each piece its own loop fusion)"
+    return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary)
+
+
+def fused_limit(model: JoinModel, target: str | None) -> str | None:
+    """The reason to decline a split by its fused code (too much of it: compile time; too
+    little per piece: run time), or None."""
+    c = costs(target)
+    if model.growth > c.max_fused_growth:
+        return (f"{model.summary}: more than {c.max_fused_growth:g}x the level's equations "
+                f"(compile time)")
+    if model.pieces and model.fused < c.min_piece_cone * model.pieces:
+        return (f"{model.summary}: {model.fused / model.pieces:.1f} equations per re-joined "
+                f"piece's loop, fewer than {c.min_piece_cone} do not pay for reading its words "
+                f"strided")
+    return None
+
+
 # --- Loop shape (passes/flatten.py): unroll a static-trip-count loop, or keep it rolled --------
 
 @dataclasses.dataclass(frozen=True)
@@ -286,3 +405,28 @@ def unroll_decision(plan: LoopPlan, target: str | None, mode) -> tuple[str | Non
     if unrolled >= rolled:
         return f"no launches saved ({summary})", summary
     return None, summary
+
+
+# --- re-rolling (passes/reroll.py) -----------------------------------------------------------------
+# What a rolled chain costs once it is differentiated, per target: rows of (has a contraction?).
+# A body with a contraction (dot_general, conv: a layer) rolls forward and backward: its
+# backward loop is bound by the contractions, not by the loop (bench/dedup.py's stack: compile
+# ~4x faster, run ~1.0x). A body without one (a stencil or elementwise time step) is bound by
+# memory traffic: XLA fuses the unrolled steps across step boundaries, the rolled backward reads
+# stacked residuals step by step. Measured on XLA:CPU, 6 steps of a lattice-Boltzmann stencil
+# (jnp.roll of a (128, 128, 9) field), paired medians of 7: forward rolled 0.83x jax.jit's run
+# time; `jax.grad(optimize(f, reroll=True))` rolled 1.38x, `optimize(jax.grad(f), reroll=True)`
+# 1.15x. So without a contraction only the forward is rolled (its derivative is the unrolled
+# chain's) and a backward chain is not rolled. GPU/TPU: not measured; they take the CPU's rule.
+REROLL_CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot_general"})
+REROLL_BACKWARD = {
+    "cpu": {True: None,
+            False: "the body has no contraction (a stencil): on cpu a rolled backward pass "
+                   "reads its residuals step by step where the unrolled one fuses across steps "
+                   "(6-step lattice-Boltzmann gradient: 1.15-1.38x jax.jit's run time)"},
+}
+
+
+def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
+    """None when a rolled chain's backward pass may be rolled too on `target`, else why not."""
+    return REROLL_BACKWARD.get(target or "cpu", REROLL_BACKWARD["cpu"])[has_contraction]

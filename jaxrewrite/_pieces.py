@@ -48,8 +48,13 @@ def each_piece(shape, fn) -> np.ndarray:
 class Builder:
     """Emits the new equations of one level; holds each old value whole and/or as pieces."""
 
-    def __init__(self, chosen: dict, join_form: str = "flat"):
+    def __init__(self, chosen: dict, join_form: str = "flat", apart=(), apart_min: int = 0):
         self.join_form = join_form    # "flat" or "nested" (per target: _cost.TargetCosts)
+        # old vars whose re-join must stay out of a concatenate fusion (`_stack_apart`): the
+        # stack gets at least `apart_min` operands
+        self.apart = frozenset(apart)
+        self.apart_min = apart_min
+        self.join_pieces: dict = {}   # old var → the new atoms re-joined into it
         self.chosen = chosen          # old var → split axes (sorted tuple)
         self.eqns: list = []
         self.whole: dict = {}         # old var → new atom
@@ -116,7 +121,9 @@ class Builder:
         axes = self.native.get(atom)
         if axes is None:  # an invar or constvar of the level
             return atom
-        self.whole[atom] = self._join(self.parts[(atom, axes)], axes, shape_of(atom))
+        P = self.parts[(atom, axes)]
+        self.whole[atom] = self._join(P, axes, shape_of(atom), apart=atom in self.apart)
+        self.join_pieces[atom] = list(P.flat)
         self.joins += 1
         return self.whole[atom]
 
@@ -185,10 +192,10 @@ class Builder:
                 out[tuple(full[d] for d in axes)] = sub[sidx]
         return out
 
-    def _join(self, P, axes, shape):
-        if self.join_form == "nested":
+    def _join(self, P, axes, shape, apart: bool = False):
+        if self.join_form == "nested" and not apart:
             return self._join_nested(P, axes, shape)
-        return self._join_flat(P, axes, shape)
+        return self._join_flat(P, axes, shape, apart)
 
     def _join_nested(self, P, axes, shape):
         """A `stack` per split axis, innermost first (rows, then the matrix)."""
@@ -209,7 +216,7 @@ class Builder:
             P = Q
         return P[()]
 
-    def _join_flat(self, P, axes, shape):
+    def _join_flat(self, P, axes, shape, apart: bool = False):
         """One `stack` of all pieces (row-major), a reshape, and a transpose if the split axes
         are not adjacent.
 
@@ -217,14 +224,17 @@ class Builder:
             after:  s:u32[N,16] = stack[axis=1] a_0 .. a_15 ; r:u32[N,4,4] = reshape s
 
         (Nested stacks, one per split axis, compile far slower on XLA:CPU: 149 fusions and 40 s
-        against 16 and 5 s for ChaCha20's 16 words.)
+        against 16 and 5 s for ChaCha20's 16 words.) `apart`: see `_stack_apart`.
         """
         axes = tuple(axes)
         first = axes[0]
         flat = [P[idx] for idx in np.ndindex(P.shape)]
         if len(flat) == 1:
             return self.reshape(flat[0], shape)
-        s = self.bind1(_prim("stack"), flat, axis=first)
+        if apart and len(flat) < self.apart_min:
+            s = self._stack_apart(flat, first)
+        else:
+            s = self.bind1(_prim("stack"), flat, axis=first)
         rest = rest_shape(shape, axes)
         grouped = rest[:first] + tuple(shape[d] for d in axes) + rest[first:]
         s = self.reshape(s, grouped)
@@ -243,6 +253,30 @@ class Builder:
         if perm == tuple(range(len(shape))):
             return s
         return self.bind1(_prim("transpose"), [s], permutation=perm)
+
+
+    def _stack_apart(self, flat, axis):
+        """The stack of `flat` with at least `apart_min` operands, so that XLA:CPU leaves the
+        concatenate unfused (it fuses one of at most 8 operands with its producers, and its
+        concatenate emitter recomputes a shared value once per path to it: _cost.join_model).
+
+            before: s:u32[N,8] = stack[axis=1] a_0 .. a_7
+            after:  t:u32[N,16] = stack[axis=1] a_0 .. a_7 a_0 .. a_7
+                    u:u32[N,2,8] = reshape t ; v:u32[N,1,8] = slice[0:1] u ; s = reshape v
+
+        The reshape keeps XLA's simplifier from folding slice(concatenate) back to 8 operands;
+        each piece then gets a loop fusion of its own, where shared values are computed once.
+        """
+        n = len(flat)
+        r = -(-self.apart_min // n)
+        s = self.bind1(_prim("stack"), flat * r, axis=axis)
+        shape = shape_of(s)
+        u = self.reshape(s, shape[:axis] + (r, n) + shape[axis + 1:])
+        ushape = shape_of(u)
+        v = self.bind1(_prim("slice"), [u], start_indices=(0,) * len(ushape),
+                       limit_indices=tuple(1 if d == axis else x for d, x in enumerate(ushape)),
+                       strides=None)
+        return self.reshape(v, shape[:axis] + (n,) + shape[axis + 1:])
 
 
 def literal_like(value, like_aval):

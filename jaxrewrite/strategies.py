@@ -439,3 +439,185 @@ def option_sets(draw) -> dict:
         return {k: v[-1] if k == "gathers" else True for k, v in values.items()}
     name = draw(st.sampled_from(sorted(values)))
     return {name: draw(st.sampled_from(values[name][1:]))}
+
+
+# --- performance programs: the kinds users write, for "never worse" properties -----------------
+#
+# tests/test_never_worse.py times each against `jax.jit`. A recipe is plain data (hypothesis
+# shrinks it field by field); `fn` and `args` are built from it, so a failure prints a program.
+
+WORD_SHAPES = ((4, 4), (5, 5), (25,), (8,), (2, 8))
+_DIAG = np.array([0, 1, 2, 3, 5, 6, 7, 4, 10, 11, 8, 9, 15, 12, 13, 14])  # (4,4) diagonals
+
+
+def _rot(x, n: int, bits: int):
+    n %= bits
+    if n == 0:
+        return x
+    t = x.dtype.type
+    return (x << t(n)) | (x >> t(bits - n))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArxRecipe:
+    """An ARX round function on a state of `shape` words, vmapped over `batch` blocks.
+
+    Each round: a static permutation `perm` of the state (`jnp.take` of the raveled state,
+    undone with `argsort` when `undo`), add / xor / rotate mixing of the state with its permuted
+    self, and (`message`) words of a 16-word message picked by a static schedule in which each
+    word is used `fanout` times. `quarter` ((4,4) only): quarter rounds on the columns and on
+    the diagonals (a 4x4 hash compression). `out`: "state", "xor" (state ^ input) or "fold"
+    (first half ^ second half: fewer words re-joined). `wrap`: "jit" (each round a jitted helper)
+    or "fori" (a `fori_loop` over rounds) or "" (unrolled by Python)."""
+    shape: tuple = (4, 4)
+    dtype: str = "uint32"
+    rounds: int = 2
+    batch: int = 1024
+    seed: int = 0
+    message: bool = True
+    fanout: int = 2
+    quarter: bool = True
+    undo: bool = True
+    out: str = "state"
+    wrap: str = ""
+
+    @property
+    def args(self):
+        r = np.random.default_rng(self.seed)
+        dt = np.dtype(self.dtype)
+        hi = np.iinfo(dt).max
+        s = r.integers(0, hi, (self.batch,) + tuple(self.shape), dtype=dt, endpoint=True)
+        m = r.integers(0, hi, (self.batch, 16), dtype=dt, endpoint=True)
+        return (jnp.asarray(s), jnp.asarray(m))
+
+    def _tables(self):
+        r = np.random.RandomState(self.seed % (2 ** 31))
+        n = math.prod(self.shape)
+        perms = [r.permutation(n) for _ in range(self.rounds)]
+        # each message word used `fanout` times per round, in a static order
+        scheds = [np.concatenate([r.permutation(16) for _ in range(self.fanout)])
+                  for _ in range(self.rounds)]
+        rots = [tuple(int(v) for v in r.randint(1, 31, 4)) for _ in range(self.rounds)]
+        return perms, scheds, rots
+
+    @property
+    def fn(self) -> Callable:
+        perms, scheds, rots = self._tables()
+        shape, bits = tuple(self.shape), np.dtype(self.dtype).itemsize * 8
+        n = math.prod(shape)
+        quarter = self.quarter and shape == (4, 4)
+
+        def mix4(s, w, rot):  # quarter rounds on the columns of a (4,4) state (rows a,b,c,d)
+            a, b, c, d = s[0], s[1], s[2], s[3]
+            a = a + b + w[0]; d = _rot(d ^ a, rot[0], bits)  # noqa: E702
+            c = c + d + w[1 % len(w)]; b = _rot(b ^ c, rot[1], bits)  # noqa: E702
+            a = a + b + w[2 % len(w)]; d = _rot(d ^ a, rot[2], bits)  # noqa: E702
+            c = c + d + w[3 % len(w)]; b = _rot(b ^ c, rot[3], bits)  # noqa: E702
+            return jnp.stack([a, b, c, d])
+
+        def one_round(s, m, k):
+            perm, sched, rot = perms[k], scheds[k], rots[k]
+            if quarter:
+                w = jnp.take(m, sched[:16]).reshape(4, 4) if self.message else \
+                    jnp.zeros((4, 4), s.dtype)
+                s = mix4(s, w, rot)
+                s = jnp.take(s.ravel(), _DIAG).reshape(4, 4)
+                w = jnp.take(m, sched[-16:]).reshape(4, 4) if self.message else w
+                s = mix4(s, w, rot[::-1])
+                return jnp.take(s.ravel(), np.argsort(_DIAG)).reshape(4, 4) if self.undo else s
+            flat = s.ravel()
+            t = jnp.take(flat, perm)
+            if self.message:
+                t = t + jnp.take(m, sched[np.arange(n) % len(sched)])
+            flat = _rot((flat + t) ^ _rot(t, rot[0], bits), rot[1], bits)
+            if self.undo:
+                flat = jnp.take(flat, np.argsort(perm)) ^ t
+            return flat.reshape(shape)
+
+        def block(s0, m):
+            s = s0
+            if self.wrap == "fori":
+                # one body for every trip: the round tables of round 0
+                s = jax.lax.fori_loop(0, self.rounds, lambda k, s: one_round(s, m, 0), s)
+            else:
+                for k in range(self.rounds):
+                    s = (jax.jit(one_round, static_argnums=2) if self.wrap == "jit"
+                         else one_round)(s, m, k)
+            if self.out == "xor":
+                return s ^ s0
+            if self.out == "fold":
+                f = s.ravel()
+                h = f.size // 2
+                return f[:h] ^ f[h:2 * h]
+            return s
+
+        def program(s, m):
+            return jax.vmap(block)(s, m)
+
+        program.__qualname__ = program.__name__ = "arx_program"
+        return program
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldRecipe:
+    """A stencil on a batch of small fields (`shape` per element, float32): each step adds a
+    weighted sum of `jnp.roll`s of the field along its small axes (periodic neighbours)."""
+    shape: tuple = (8,)
+    steps: int = 2
+    batch: int = 1024
+    seed: int = 0
+
+    @property
+    def args(self):
+        x = np.random.default_rng(self.seed).uniform(-1, 1, (self.batch,) + tuple(self.shape))
+        return (jnp.asarray(x.astype(np.float32)),)
+
+    @property
+    def fn(self) -> Callable:
+        shape = tuple(self.shape)
+
+        def block(f):
+            for _ in range(self.steps):
+                nb = sum(jnp.roll(f, sh, axis=ax) for ax in range(len(shape)) for sh in (1, -1))
+                f = f + np.float32(0.125) * nb - np.float32(0.5) * f
+            return f
+
+        def program(x):
+            return jax.vmap(block)(x)
+
+        program.__qualname__ = program.__name__ = "field_program"
+        return program
+
+
+# batches around each threshold of the cost model: the CPU's minimum piece (1,024 elements)
+BATCHES = (16, 256, 1023, 1024, 1025, 4096, 65536)
+
+
+def arx_recipes(max_batch: int = 65536, max_rounds: int = 24) -> st.SearchStrategy:
+    """ARX round functions: word states of every shape in `WORD_SHAPES`, uint32 and uint64,
+    static permutation schedules, messages with fan-out, 1..`max_rounds` rounds, vmapped."""
+    return st.builds(
+        ArxRecipe,
+        shape=st.sampled_from(WORD_SHAPES),
+        dtype=st.sampled_from(["uint32", "uint64"]),
+        rounds=st.integers(1, max_rounds),
+        batch=st.sampled_from([b for b in BATCHES if b <= max_batch]),
+        seed=st.integers(0, 1000),
+        message=st.booleans(),
+        fanout=st.integers(1, 3),
+        quarter=st.booleans(),
+        undo=st.booleans(),
+        out=st.sampled_from(["state", "xor", "fold"]),
+        wrap=st.sampled_from(["", "jit", "fori"]))
+
+
+def field_recipes(max_batch: int = 65536, max_steps: int = 8) -> st.SearchStrategy:
+    return st.builds(FieldRecipe, shape=st.sampled_from([(8,), (4, 4), (5, 5), (16,), (2, 8)]),
+                     steps=st.integers(1, max_steps),
+                     batch=st.sampled_from([b for b in BATCHES if b <= max_batch]),
+                     seed=st.integers(0, 1000))
+
+
+def perf_programs(max_batch: int = 65536, max_rounds: int = 24) -> st.SearchStrategy:
+    """ARX round functions and stencils, as users write them (tests/test_never_worse.py)."""
+    return st.one_of(arx_recipes(max_batch, max_rounds), field_recipes(max_batch))

@@ -201,3 +201,17 @@ def test_float_static_scatter_add_stays_bit_exact_when_compiled():
                                       Op("static_scatter", 0, 0, 65), Op("add", 0, 1, 0)),
                    index=0, outputs=1)
     assert_equivalent(prog.fn, *prog.args, grad=False)
+
+
+def test_gathers_all_decline_past_split_size_does_not_promise_it():
+    """Issue 13: with gathers='all' past SPLIT_MAX_ELEMENTS the decline said "(gathers='all'
+    allows it)". It names the size limit instead (fixed in passes/gathers.py)."""
+    from jaxrewrite._api import rewrite_jaxpr_with_report
+    from jaxrewrite._indexmap import SPLIT_MAX_ELEMENTS
+    perm = np.array([3, 0, 2, 1, 5, 4, 7, 6])
+    f = jax.vmap(lambda x: jnp.take(x, perm) + 1)
+    x = jnp.zeros((SPLIT_MAX_ELEMENTS // 8 + 1, 8), jnp.uint32)
+    for gathers in (True, "all"):
+        res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), gathers=gathers, scalarize=False)
+        why = [d.reason for d in res.report.declines if d.pass_name == "gathers"]
+        assert why and all("allows it" not in w and str(SPLIT_MAX_ELEMENTS) in w for w in why)

@@ -1,9 +1,10 @@
 """Scalar replacement of small static axes: permutations along them become renaming.
 
-An axis of small static size (at most `max_axis` elements, at most `max_pieces` pieces per value,
-per `_cost`) whose values are only sliced, indexed, combined elementwise and permuted statically
-is split into separate arrays, one per position. A static gather, a stack or a concatenate along
-such an axis then picks pieces: no equation at all. This derives the hand-written "16 separate
+An axis of small static size (at most `max_axis` elements, or `cost_axis` where the fused-code
+estimate allows; at most `max_pieces` pieces per value, per `_cost`) whose values are only
+sliced, indexed, combined elementwise and permuted statically is split into separate arrays,
+one per position. A static gather, a stack or a concatenate along such an axis then picks
+pieces: no equation at all. This derives the hand-written "16 separate
 words" form of ChaCha20 from the 4x4-state-and-`jnp.take` form:
 
     before:  b:u32[N,16] = reshape a ; c:u32[N,16] = gather[perm] b ; d:u32[N,4,4] = reshape c
@@ -28,6 +29,10 @@ How it decides:
    summed in another order); every decline is reported with its reason. With `autotune=True`
    the soft verdicts (piece size, re-joins vs permutations) are checked by compiling both forms
    (`_autotune.choose`, `_cost.pick_by_counts`); the hard limits (`_cost.scalarize_limit`) stand.
+   On the CPU the emitted form is measured too (`_join_cones`, `_cost.join_model`): each
+   re-join's pieces' producer cones, which XLA:CPU compiles once per piece, and their paths,
+   which its concatenate fusion computes; a re-join that would recompute is kept out of that
+   fusion, and a split whose fused code grows past the limit is declined (compile time).
 4. Emit: every equation is rebuilt per piece by its rule; an equation without a rule, or whose
    rule cannot use the pieces it is given, gets whole operands (re-joined on demand). On the
    GPU a long region is cut at a permutation by an `optimization_barrier` (`_cut`): one kernel
@@ -86,7 +91,7 @@ class _NodeFilter:
     a static index map, and the rewrite's memo tables)."""
 
     def __init__(self, costs, limit: int = 1 << 20, cache: dict | None = None):
-        self.max_axis = costs.max_axis
+        self.max_axis = max(costs.max_axis, costs.cost_axis)
         self.limit = limit
         self.cache = cache
         self._axes: dict = {}   # var -> the axes it may be split along (asked once per var)
@@ -610,7 +615,7 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
 def largest_piece(jaxpr, costs) -> int:
     """The biggest piece any split of this level could make (0: none can split).
 
-    Every split class holds a seed: an axis of 2..`max_axis` elements of a mover's operand or
+    Every split class holds a seed: an axis of 2..`max_axis` (or `cost_axis`) elements of a mover's operand or
     result (`Links.seeds`). That value is cut at least along it, so every split makes a piece
     no bigger than the value's size over its smallest such axis.
     """
@@ -624,7 +629,7 @@ def largest_piece(jaxpr, costs) -> int:
             if isinstance(v, (Lit, Drop)):
                 continue
             shape = shape_of(v)
-            axes = [s for s in shape if 1 < s <= costs.max_axis]
+            axes = [s for s in shape if 1 < s <= max(costs.max_axis, costs.cost_axis)]
             if axes:
                 best = max(best, math.prod(shape) // min(axes))
     return best
@@ -734,9 +739,73 @@ def _cut(b: Builder, res):
     return [(axes, each_piece(P.shape, lambda idx: next(it))) for axes, P in res]
 
 
-def _split(jaxpr, an, target, costs):
-    """Emit the split form of one level: (new jaxpr, re-joins, cuts)."""
-    b = Builder(an.chosen, costs.join_form)
+# Data movement XLA fuses without computing (its cost is the cone it passes through).
+_MOVES = frozenset({"reshape", "squeeze", "expand_dims", "slice", "unstack", "broadcast_in_dim",
+                    "transpose", "rev", "concatenate", "stack", "bitcast_convert_type"})
+
+
+def _join_cones(eqns, join_pieces: dict) -> list:
+    """Measure each re-join of an emitted level for `_cost.join_model`: per piece, its producer
+    cone (compute equations up to the level's fusion boundaries, each once) and its paths (the
+    same counted once per path). Cones are bitsets over equation indices, dropped after their
+    value's last use.
+
+        a = x + y ; l = a << 7 ; r = a >> 25 ; b = l ^ r ; piece = b + a
+        cone: 5 equations; paths: a 1, l 2, r 2, b 1+2+2 = 5, piece 1+5+1 = 7
+    """
+    compute = ELEMENTWISE
+    last: dict = {}
+    for i, e in enumerate(eqns):
+        for a in e.invars:
+            if not C.is_literal(a):
+                last[a] = i
+    wanted = {v for ps in join_pieces.values() for v in ps if not C.is_literal(v)}
+    cone: dict = {}
+    paths: dict = {}
+    kept_cone, kept_paths = {}, {}
+    for i, e in enumerate(eqns):
+        name = e.primitive.name
+        ins = [a for a in e.invars if not C.is_literal(a)]
+        if name in compute:
+            c = 1 << i
+            t = 1.0
+            for a in ins:
+                c |= cone.get(a, 0)
+                t += paths.get(a, 0.0)
+        elif name in _MOVES:
+            c = 0
+            t = 0.0
+            for a in ins:
+                c |= cone.get(a, 0)
+                t = max(t, paths.get(a, 0.0))
+        else:  # a fusion boundary (a call, a reduction, a dynamic gather, ...)
+            c, t = 0, 0.0
+        for v in e.outvars:
+            if c or t:
+                cone[v] = c
+                paths[v] = t
+            if v in wanted:
+                kept_cone[v], kept_paths[v] = c, t
+        for a in ins:
+            if last.get(a) == i:
+                cone.pop(a, None)
+                paths.pop(a, None)
+    out = []
+    for ps in join_pieces.values():
+        vs = [v for v in ps if not C.is_literal(v)]
+        union = 0
+        for v in vs:
+            union |= kept_cone.get(v, 0)
+        out.append(_cost.JoinCone(len(ps), tuple(kept_cone.get(v, 0).bit_count() for v in vs),
+                                  tuple(min(kept_paths.get(v, 0.0), 1e300) for v in vs),
+                                  union.bit_count()))
+    return out
+
+
+def _split(jaxpr, an, target, costs, apart=()):
+    """Emit the split form of one level: (new jaxpr, re-joins, cuts, re-joined pieces by old
+    var). `apart`: old vars whose re-join stays out of a concatenate fusion."""
+    b = Builder(an.chosen, costs.join_form, apart, costs.concat_fuse_max + 1)
     cut_every, cuts_left = _cost.cut_points(an.plan, target)
     next_cut, cuts = cut_every, 0
     chosen, native, whole, links = an.chosen, b.native, b.whole, an.links
@@ -766,7 +835,20 @@ def _split(jaxpr, an, target, costs):
         for v in outs:
             whole[v] = v
     outvars = [b.get_whole(a) for a in jaxpr.outvars]
-    return C.replace_jaxpr(jaxpr, eqns=b.eqns, outvars=outvars), b.joins, cuts
+    return C.replace_jaxpr(jaxpr, eqns=b.eqns, outvars=outvars), b.joins, cuts, b.join_pieces
+
+
+def _fused_code(jaxpr, an, target, costs, built):
+    """XLA:CPU's fused code for the split form `built` (`_cost.join_model`): (the form to
+    keep, the model); re-emitted with the re-joins that would recompute kept apart."""
+    if not costs.concat_fuse_max:
+        return built, None
+    pieces = built[3]
+    model = _cost.join_model(_join_cones(built[0].eqns, pieces), len(jaxpr.eqns), target)
+    if model.apart:
+        olds = list(pieces)
+        built = _split(jaxpr, an, target, costs, apart={olds[k] for k in model.apart})
+    return built, model
 
 
 def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
@@ -793,8 +875,8 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     reason = hard or _cost.scalarize_decision(an.plan, target, mode)
     if hard is None and ctx.options.autotune:
         def build():
-            built.append(_split(jaxpr, an, target, costs))
-            return C.closed(built[0][0], list(consts))
+            built.append(_fused_code(jaxpr, an, target, costs, _split(jaxpr, an, target, costs)))
+            return C.closed(built[0][0][0], list(consts))
 
         go, why, _ = _autotune.choose(ctx, PASS, C.closed(jaxpr, list(consts)), build,
                                       reason is None, reason or "cost model goes ahead",
@@ -804,7 +886,12 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     if reason is not None:
         ctx.report.declined(PASS, first, reason)
         return jaxpr, False
-    new, joins, cuts = built[0] if built else _split(jaxpr, an, target, costs)
+    form, model = built[0] if built else _fused_code(jaxpr, an, target, costs,
+                                                     _split(jaxpr, an, target, costs))
+    new, joins, cuts, _ = form
+    if model is not None and (why := _cost.fused_limit(model, target)) is not None:
+        ctx.report.declined(PASS, first, why)
+        return jaxpr, False
     if joins > an.plan.joins and not ctx.options.autotune:
         # The plan estimates re-joins before emitting; where emitting needed more (values passed
         # whole into calls), decide again on the real count (seed shift program with
@@ -814,7 +901,10 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         if reason is not None:
             ctx.report.declined(PASS, first, reason)
             return jaxpr, False
-    ctx.report.applied(PASS, list(jaxpr.eqns[:1]), after=("renaming",), n=an.plan.movers_removed)
+    ctx.report.applied(PASS, list(jaxpr.eqns[:1]), n=an.plan.movers_removed,
+                       after=("renaming",) + ((f"({model.summary})",) if model else ()))
+    if model is not None:
+        ctx.report.stats.setdefault(f"{PASS}.fused_code", []).append(model.summary)
     ctx.report.count(f"{PASS}.joins", joins)
     if cuts:
         ctx.report.count(f"{PASS}.cuts", cuts)
