@@ -56,9 +56,11 @@ def test_chacha_block_rfc_vector_and_bit_exact():
 def test_chacha_block_becomes_16_words(kind):
     f = jax.vmap(block(kind))
     counts = _counts(f, KEYS, target="gpu", debug_checks=True)
-    # no loop, no call, no gather left: the diagonal steps are renaming of 16 words
-    for prim in ("gather", "scan", "while", "jit", "concatenate", "transpose"):
+    # no loop, no gather left: the diagonal steps are renaming of 16 words; at most the block
+    # function's own call stays (split inside it)
+    for prim in ("gather", "scan", "while", "concatenate", "transpose"):
         assert prim not in counts, (prim, counts)
+    assert counts.get("jit", 0) <= 1
     assert counts.get("stack", 0) == 1            # the one re-join: the output
     assert counts["add"] == 10 * 2 * 16 + 16       # 4 adds x 4 columns x 2 half rounds x 10, + x
     # bit for bit at 2 double rounds (10 are checked above; each compile of 10 takes ~30 s)
@@ -69,13 +71,13 @@ def test_chacha_block_becomes_16_words(kind):
 
 def test_chacha_default_cpu_at_piece_size_flattens():
     """The default options on the CPU at 1,024 blocks (pieces of 1,024 words, the CPU's
-    minimum): the calls are inlined and the loop unrolled, with the estimate in the report;
+    minimum): the loop is unrolled with its calls, with the estimate in the report;
     whether scalarize then splits is its own cost model's verdict (tests/test_scalarize.py)."""
     keys = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (1024, 4, 4), np.uint32))
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(jax.vmap(block_fori))(keys),
                                                target="cpu")
     counts = primitive_counts(res.jaxpr)
-    assert "scan" not in counts and "jit" not in counts
+    assert "scan" not in counts and counts.get("jit", 0) <= 1   # (the block function's call)
     unrolled = [e for e in res.report.rewrites
                 if e.pass_name == "flatten" and e.before == ("scan",)]
     assert len(unrolled) == 1 and "launches/call" in unrolled[0].after[0]

@@ -8,15 +8,17 @@ stays a re-join. This pass removes those boundaries where the cost model says so
 (innermost levels first, so a call of a call is flat before its caller is looked at):
 
 1. Inline: a plain `jit` call (no shardings, layouts, donation, effects, compiler options)
-   whose signature carries a small static axis is replaced by its body where its body reorders
-   data along one (a static gather, a rev, a concatenate of slices), or its body re-joins
-   pieces (`jnp.array([a, b, c, d])`) and the calling level reorders them; on the GPU any such
-   data movement will do (it may end a kernel). On the CPU (`flatten="auto"`) only where
-   scalarize would split the pieces (`_cost.TargetCosts.min_piece_elements`); otherwise the
-   call stays, lowered once. A call is only a call inside the same `jax.jit`: XLA inlines it
-   before fusion anyway, so no value changes.
+   whose signature carries a small static axis, whose body re-joins pieces along it without
+   reordering them (`jnp.array([a, b, c, d])` in a jitted quarter-round), called where the
+   calling level reorders along a small axis (a static gather, a rev, a concatenate of slices),
+   is replaced by its body: the re-join meets the permutation in one region. (A call that
+   reorders is scalarize's to inline, only where a split follows.) On the CPU (`"auto"`) only
+   where scalarize would split the pieces (`_cost.TargetCosts.min_piece_elements`); otherwise
+   the call stays, lowered once. A call is only a call inside the same `jax.jit`: XLA inlines
+   it before fusion anyway, so no value changes.
 
        before:  d:u32[N,4,4] = jit[_quarterround]{ ... concatenate[dimension=2] ... } c
+                e:u32[N,16] = gather[literal indices] (reshape (transpose d))
        after:   (the body's equations, renamed; uses of d read the concatenate's result)
 
 2. Unroll: a loop with a static trip count - `scan` (what `fori_loop` with static bounds and
@@ -31,6 +33,7 @@ stays a re-join. This pass removes those boundaries where the cost model says so
        after:   s1 = f(x) ; s = f(s1)           (i folded away by fold)
 
    xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
+   The body's plain calls (a jitted double round) are inlined with it.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
@@ -169,6 +172,17 @@ def _inline_body(body: C.ClosedJaxpr, args, out: list) -> list:
     return [_walk.substitute(a, env) for a in body.jaxpr.outvars]
 
 
+def _inline_all(jaxpr, depth: int = 16):
+    """`jaxpr` with its plain calls inlined, and theirs (a loop body about to be unrolled: a
+    jitted double round whose `jnp.take` is a `_take` call of its own)."""
+    for _ in range(depth):
+        new = _walk.inline_calls(jaxpr, _plain_call)
+        if new is jaxpr:
+            break
+        jaxpr = new
+    return jaxpr
+
+
 # --- loops with a static trip count ---------------------------------------------------------------
 
 def _scan_loop(eqn):
@@ -268,6 +282,10 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
             return None
         if trips == 0 or eqn.effects:
             return None
+        # the body's plain calls are inlined with it (bottom-up, they are flat already)
+        flat = _inline_all(body.jaxpr)
+        calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _plain_call(e))
+        body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
         why, summary = _cost.unroll_decision(plan, ctx.target, mode)
         if why is None:
@@ -282,6 +300,8 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
         eqns, outs = _unroll(eqn, trips, body, consts, init, xs, reverse)
         # the estimate rides on the event, so explain() shows why the loop was unrolled
         ctx.report.applied(PASS, eqn, after=(f"unrolled ({summary})",))
+        if calls:
+            ctx.report.count(f"{PASS}.inlined_in_loops", calls)
         ctx.report.count(f"{PASS}.unrolled_trips", trips)
         stats.append(f"{name} of {trips} trips unrolled: {summary}")
         return _walk.Replacement(eqns, outs)
@@ -291,13 +311,14 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
 # --- driver --------------------------------------------------------------------------------------
 
 def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
-    """`should(eqn, level_piece)`: whether to inline a call. It must be plain, carry a small
-    axis in its signature, and reorder data along one in its body, or re-join along one where
-    the calling level reorders (`level_piece()`: `_largest_piece` of the caller's reorderings;
-    a quarter-round's `jnp.array` re-join pays only where its caller permutes the words); with
+    """`should(eqn, level_piece)`: whether to inline a call at a level. It must be plain, carry a
+    small axis in its signature, and re-join pieces along one (`jnp.array([a, b, c, d])`)
+    without reordering them, where the calling level reorders (`level_piece()`:
+    `_largest_piece` of the caller's reorderings): the quarter-round's re-join then meets its
+    caller's permutation in one region. A call that reorders is left to scalarize, which inlines
+    it only where a split follows; calls in a loop body go with the body (`_unroll_rule`). With
     mode 'auto', scalarize must be on and the pieces big enough for it on this target."""
     min_piece = _cost.costs(ctx.target).min_piece_elements
-    launches_decide = _cost.loop_costs(ctx.target).launches_decide
     splits = ctx.options.scalarize not in (False, None)
 
     def should(eqn, level_piece):
@@ -306,12 +327,11 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
                 if not C.is_literal(v) and not C.is_dropvar(v)):
             return False
         body = eqn.params["jaxpr"]
-        # where launches decide (GPU), any data movement along a small axis may end a kernel
-        piece = piece_of(body, not launches_decide)
-        if piece == 0:
-            piece = min(level_piece(), piece_of(body, False))
+        if piece_of(body, True):
+            return False        # it reorders: scalarize's to inline where it splits
+        piece = min(level_piece(), piece_of(body, False))
         if piece == 0 or (mode == "auto" and (not splits or piece < min_piece)):
-            return False   # nothing scalarize would split: the call stays (lowered once)
+            return False        # nothing scalarize would split: the call stays (lowered once)
         n = _walk.count_eqns(body)
         if n > max_eqns:
             ctx.report.declined(PASS, eqn, f"call of {n} equations not inlined "
@@ -356,10 +376,7 @@ def run(cj, ctx):
         j2 = inline(c, j)
         loops = any(j2.eqns[i].primitive.name in ("scan", "while")
                     for i, _ in _walk.nested_eqns(j2))
-        j3, ch = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
-        if ch:
-            # a call that a loop body held is now at this level: inline it too
-            j3 = inline(c, j3)
+        j3, _ = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
         if j3 is j:
             return c
         changed[0] = True
