@@ -215,3 +215,20 @@ def test_gathers_all_decline_past_split_size_does_not_promise_it():
         res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), gathers=gathers, scalarize=False)
         why = [d.reason for d in res.report.declines if d.pass_name == "gathers"]
         assert why and all("allows it" not in w and str(SPLIT_MAX_ELEMENTS) in w for w in why)
+
+
+@pytest.mark.xfail(strict=True, reason="passes/flatten.py (issue 12) unrolls a loop for scalarize "
+                   "on the CPU without scalarize's verdict on the unrolled body")
+def test_flatten_keeps_a_loop_rolled_when_scalarize_declines_the_unrolled_body():
+    """Found by tests/test_never_worse.py's long run (shrunk): a 4x4 ARX round in a `fori_loop`
+    of 2 trips, 1,024 blocks. flatten unrolls it (~4 launches rolled, ~1 unrolled) because a
+    small axis of the carry is permuted; scalarize then declines the unrolled level (2
+    permutations, 1 re-join: no gain on the CPU), so the program keeps both gathers, unrolled:
+    2.3x jax.jit's run time (paired medians, re-measured). Rolled is what jax.jit runs."""
+    from jaxrewrite import strategies as S
+    from jaxrewrite._api import rewrite_jaxpr_with_report
+    r = S.ArxRecipe(shape=(4, 4), rounds=2, batch=1024, message=False, fanout=1, quarter=False,
+                    undo=False, out="state", wrap="fori")
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
+    split = any(e.pass_name == "scalarize" for e in res.report.rewrites)
+    assert split or "scan" in primitive_counts(res.jaxpr)
