@@ -140,7 +140,7 @@ def test_fifty_fresh_closures_lower_to_at_most_two_functions():
     assert _mlir_functions(jax.jit(f).lower(x)) == 51
     assert _mlir_functions(jaxrewrite.optimize(f).lower(x)) <= 2
     # (no gradient here: XLA takes minutes to compile the VJP of 400 unrolled steps)
-    cj = assert_equivalent(f, x, grad=False, vmap=False)
+    cj = assert_equivalent(f, x, grad=False, vmap=False, bitwise=True)
     assert len(_jit_bodies(cj)) == 1
 
 
@@ -155,7 +155,7 @@ def test_partial_objects_and_checkpoint_merge():
             x = jax.checkpoint(functools.partial(layer, w))(x)
         return x
     w, x = jnp.eye(4) * 0.5, jnp.ones((2, 4))
-    cj = assert_equivalent(f, w, x)
+    cj = assert_equivalent(f, w, x, bitwise=True)
     assert len(_jit_bodies(cj)) == 1
     remat_bodies = {id(e.params["jaxpr"]) for e in W.iter_eqns(cj) if e.primitive is C.remat_p}
     assert len(remat_bodies) == 1
@@ -187,7 +187,7 @@ def test_nested_bodies_merge_bottom_up():
             x = jax.jit(lambda s: outer_body(s))(x)
         return x
     x = jnp.ones(3)
-    cj = assert_equivalent(f, x)
+    cj = assert_equivalent(f, x, bitwise=True)
     assert len(_jit_bodies(cj)) == 2
     assert _mlir_functions(jaxrewrite.optimize(f).lower(x)) <= 3
 
@@ -204,7 +204,7 @@ def test_repeats_found_under_transformations(transform):
     before = jax.make_jaxpr(g)(x)
     res = jaxrewrite.rewrite_jaxpr(before)
     assert len(_jit_bodies(res)) < len(_jit_bodies(before))
-    assert_equivalent(g, x, grad=False, vmap=False)
+    assert_equivalent(g, x, grad=False, vmap=False, bitwise=True)
     n_opt = _mlir_functions(jaxrewrite.optimize(g).lower(x))
     assert n_opt < _mlir_functions(jax.jit(g).lower(x))
 
@@ -299,4 +299,4 @@ def test_custom_jvp_bodies_merge_only_with_the_same_rule():
     top = [e.params["jaxpr"] for e in out.jaxpr.eqns if C.is_jit(e)]
     assert changed and len({id(j) for j in top}) == 3
     assert top[0] is top[1] is top[2] and top[3] is top[4] and top[5] is not top[3]
-    assert_equivalent(f, x)  # gradients through the merged bodies use each body's own rule
+    assert_equivalent(f, x, bitwise=True)  # gradients through the merged bodies use each body's own rule
