@@ -232,3 +232,18 @@ def test_unroll_decision_table(target, permutes, piece, go):
 def test_option_validated():
     with pytest.raises(ValueError):
         jaxrewrite.optimize(block_fori, flatten="yes")
+
+
+def test_explain_shows_the_unroll_estimate():
+    perm = np.array([1, 2, 3, 0])
+
+    def f(x):
+        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3)), x)
+
+    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4), np.uint32))
+    e = jaxrewrite.explain(f)(x)
+    unrolled = [r for r in e.to_dict()["rewrites"] if r["pass_name"] == "flatten"]
+    assert len(unrolled) == 1 and tuple(unrolled[0]["before"]) == ("scan",)
+    assert "launches/call rolled" in unrolled[0]["after"][0]
+    assert "equations (compile time)" in unrolled[0]["after"][0]
+    assert "launches/call rolled" in str(e)

@@ -23,17 +23,16 @@ stays a re-join. This pass removes those boundaries where the cost model says so
 
 2. Unroll: a loop with a static trip count - `scan` (what `fori_loop` with static bounds and
    `lax.scan` lower to) or a `while` whose condition is `i < U` on a counter that starts at a
-   literal and is incremented by 1 (`fori_loop` with bounds that became literals) - whose body
-   is flat, exact (`EXACT`), moves data along a small axis of its carry (CPU: reorders it, so
-   that scalarize splits the unrolled form), and whose unrolled size
-   the cost model allows (`_cost.unroll_decision`: estimated launches per call rolled vs
-   unrolled, and the equations added, which is compile time):
+   literal and is incremented by 1 (`fori_loop` with bounds that became literals) - whose body,
+   its plain calls inlined (a jitted double round), is exact (`EXACT`) and moves data along a
+   small axis of its carry (CPU: reorders it, so that scalarize splits the unrolled form), and
+   whose unrolled size the cost model allows (`_cost.unroll_decision`: estimated launches per
+   call rolled vs unrolled, and the equations added, which is compile time):
 
        before:  _, s = scan[length=2, num_carry=2]{ (i, c) -> (i + 1, f(c)) } 0 x
        after:   s1 = f(x) ; s = f(s1)           (i folded away by fold)
 
    xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
-   The body's plain calls (a jitted double round) are inlined with it.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
