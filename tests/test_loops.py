@@ -247,3 +247,37 @@ def test_explain_shows_the_unroll_estimate():
     assert "launches/call rolled" in unrolled[0]["after"][0]
     assert "equations (compile time)" in unrolled[0]["after"][0]
     assert "launches/call rolled" in str(e)
+
+
+# --- H200 kernels (deviceless XLA compile; the gpu-aot extra, JAX_PLATFORMS=cpu) ----------------
+
+def _h200(fn, spec):
+    """(kernels, launches per call) of `fn` compiled for the H200 without a GPU."""
+    pytest.importorskip("jax_plugins.xla_cuda12")
+    if "cpu" not in (jax.config.jax_platforms or "").split(","):
+        pytest.skip("the deviceless GPU compiler needs JAX_PLATFORMS=cpu")
+    import _common
+    from jaxrewrite import _xla
+    c = _xla.gpu_compile(fn, spec)
+    return _xla.gpu_kernels(c), _common.gpu_launches(c.as_text())
+
+
+@pytest.mark.gpu_aot
+@pytest.mark.parametrize("kind", ["fori", "scan"])
+def test_h200_seed_inner_fn_in_loop_at_the_no_permutation_floor(kind):
+    from seed import rounds_program
+    spec = jax.ShapeDtypeStruct((65536, 4, 4), jnp.uint32)
+    floor, _ = _h200(jax.jit(rounds_program(COLFNS["mix"], PERMS["none"])), spec)
+    rolled = _h200(jax.jit(seed_loop("take", kind)), spec)
+    kernels, launches = _h200(jaxrewrite.optimize(seed_loop("take", kind), target="gpu"), spec)
+    assert kernels <= floor and launches == kernels      # no loop left: each kernel once
+    assert launches < rolled[1]
+
+
+@pytest.mark.gpu_aot
+def test_h200_chacha_fori_launches():
+    spec = jax.ShapeDtypeStruct((4096, 4, 4), jnp.uint32)
+    _, rolled = _h200(jax.jit(jax.vmap(block_fori)), spec)
+    kernels, launches = _h200(jaxrewrite.optimize(jax.vmap(block_fori), target="gpu"), spec)
+    # 2 kernels for the split region, +1 for scalarize's compile-time cut (_cost cut_eqns)
+    assert kernels <= 3 and launches <= 3 < rolled
