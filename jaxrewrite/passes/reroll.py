@@ -334,16 +334,24 @@ class _Layout:
         return [outs[self.carry_in[p]] for p in self.carry_ps], [outs[q] for q in self.ys]
 
 
-def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False):
+def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False,
+          forward_only: str | None = None):
     """Replacement equations for `chain` and the substitution of its outputs.
 
     With `lists`, per-iteration operands that would be stacked are read from their list inside
     the loop instead (`_listed_scan`), when the chain is short enough for one `cond` per step.
+    With `forward_only` (the cost model's reason not to roll a backward pass), a backward
+    chain (one reading a rolled chain's residuals in reverse) declines, and a forward one is
+    rolled with the unrolled chain as its derivative (`_forward_only`).
     """
     from jax import lax
     import jax.numpy as jnp
 
     carry_in, invariant, xs, ys, direct, reverse = _plan(chain, users, ys_origin)
+    if forward_only and direct and reverse:
+        raise Decline(f"backward pass not rolled: {forward_only}")
+    if forward_only:
+        lists = False
     first, last, k = chain.eqns[0], chain.eqns[-1], len(chain.eqns)
     order = list(range(k - 1, -1, -1)) if reverse else list(range(k))   # scan index -> element
     em = _walk.Emitter(last)
@@ -381,6 +389,8 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
     if listed:
         rolled = _listed_scan(lay, reverse, unroll)
         args += [chain.eqns[i].invars[p] for p in listed for i in order]
+    elif forward_only:
+        rolled = _forward_only(lay, reverse, unroll)
     else:
         rolled = _stacked_scan(lay, reverse, unroll)
     outs = em.call(rolled, *args)
@@ -414,6 +424,34 @@ def _stacked_scan(lay: _Layout, reverse: bool, unroll):
 
         c, y = lax.scan(body, list(init), list(xv), length=lay.k, reverse=reverse, unroll=unroll)
         return [*c, *y]
+    return rolled
+
+
+def _forward_only(lay: _Layout, reverse: bool, unroll):
+    """The stacked scan as the primal of a `custom_jvp` whose rule is the unrolled chain's JVP:
+    run as is, the program is the scan; differentiated (`jax.grad` of the optimized function),
+    JAX sees the unrolled chain, as under `jax.jit`.
+
+        rolled(c0, inv, X) = scan[c, x: call(c, inv, x)](c0, X)
+        jvp:   jax.jvp(unrolled), unrolled(c0, inv, X) = call(..call(c0, inv, X[0]).., X[k-1])
+    """
+    import jax
+    import jax.numpy as jnp
+
+    scan = _stacked_scan(lay, reverse, unroll)
+    one = _one_eqn_jaxpr(lay.first)
+    n_c, n_inv = len(lay.carry_ps), len(lay.invariant)
+
+    def unrolled(*args):
+        c, inv, xv = list(args[:n_c]), args[n_c:n_c + n_inv], args[n_c + n_inv:]
+        ys = [None] * lay.k
+        for s in (range(lay.k - 1, -1, -1) if reverse else range(lay.k)):
+            c, ys[s] = lay.split_outs(C.eval_jaxpr(one, *lay.assemble(c, inv, [x[s] for x in xv],
+                                                                        ())))
+        return [*c, *(jnp.stack([y[n] for y in ys]) for n in range(len(lay.ys)))]
+
+    rolled = jax.custom_jvp(scan)
+    rolled.defjvp(lambda primals, tangents: jax.jvp(unrolled, primals, tangents))
     return rolled
 
 
@@ -626,6 +664,20 @@ def _one_eqn_jaxpr(eqn) -> C.ClosedJaxpr:
     return C.closed(C.replace_jaxpr(body, constvars=[], invars=ins, outvars=outs, eqns=[e]), [])
 
 
+def _differentiable(call) -> bool:
+    """Whether a call has a float operand and result (else it has no derivative to keep)."""
+    return (any(_inexact(C.aval_of(a)) for a in call.invars)
+            and any(_inexact(v.aval) for v in call.outvars))
+
+
+def _has_contraction(call) -> bool:
+    """Whether a call's body holds a contraction (`_cost.REROLL_CONTRACTIONS`), at any depth."""
+    return any(e.primitive.name in _cost.REROLL_CONTRACTIONS
+               for e in _walk.iter_eqns(C.closed(_body_of(call), ())
+                                        if not isinstance(_body_of(call), C.ClosedJaxpr)
+                                        else _body_of(call)))
+
+
 def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
     eqns = list(jaxpr.eqns)
     chains = _find_chains(eqns, keyer)
@@ -656,8 +708,11 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         try:
             _exact.check(ctx, [a for e in chain.eqns for a in _exact.eqn_atoms(e)], "rolling")
             chain = _generalize(chain, keyer)
+            why = (_cost.reroll_backward(_has_contraction(chain.eqns[0]), ctx.target)
+                   if _differentiable(chain.eqns[0]) else None)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
-                                       lists=_cost.costs(ctx.target).reroll_list_read)
+                                       lists=_cost.costs(ctx.target).reroll_list_read,
+                                       forward_only=why)
         except Decline as d:
             ctx.report.declined(NAME, orig[0], str(d))
             # keep the calls, re-emitted at the chain's end: `_cut` guarantees that nothing
@@ -669,6 +724,10 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         for atom, origin in produced:
             ys_origin.setdefault(atom, origin)
         n += 1
+        if why is not None:
+            ctx.report.declined(NAME, orig[0], f"forward rolled, its derivative kept unrolled: "
+                                               f"{why}")
+            ctx.report.count("reroll.forward_only")
         ctx.report.applied(NAME, chain.eqns, after=("scan",))
         ctx.report.count("reroll.chains")
         ctx.report.count(f"reroll.length.{len(chain.eqns)}")
