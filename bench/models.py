@@ -1,0 +1,294 @@
+"""Training steps written with real libraries: `optimize(step, reroll=True)` vs `jax.jit(step)`.
+
+A decoder-only transformer (d_model 128, 4 heads, seq 64, batch 4, vocabulary 256, GELU MLP 4x,
+pre-norm, causal attention), its blocks built in a Python loop with each library's own layers;
+the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Linen, Linen with
+`nn.remat` blocks, Haiku, Equinox. Rows (one process, paired medians):
+
+* `compile_jit_s`, `compile_opt_s`, `compile_ratio`: `.lower()` + `.compile()` seconds (the
+  rewrite runs in the trace, so it is not in these);
+* `run_ratio`: one step, optimize / jax.jit;
+* `rewrite_s`: `jaxrewrite.rewrite_jaxpr` of the step's jaxpr, `jit_s` for scale: jax.jit's
+  lower + compile;
+* `scans`, `lengths`: the scans reroll made and their trips;
+* `max_rel_diff`: largest relative difference of the updated parameters after one step.
+
+    python bench/models.py [--quick] [--layers 16,32] [--models nnx,linen] [--repeats 5]
+
+Needs the `models` extra (`pip install -e ".[models]"`); without it `main` returns no rows and
+says why (CI's quick bench runs in an environment without these libraries).
+"""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+try:
+    from _common import block, paired, paired_phases
+except ImportError:  # imported as bench.models
+    from bench._common import block, paired, paired_phases
+
+import jaxrewrite
+
+NAME = "models"
+COLUMNS = ("model", "N", "compile_jit_s", "compile_opt_s", "compile_ratio", "run_ratio",
+           "rewrite_s", "scans", "lengths", "max_rel_diff")
+
+D, HEADS, SEQ, BATCH, VOCAB = 128, 4, 64, 4, 256
+MODELS = ("nnx", "linen", "linen_remat", "haiku", "equinox")
+_NEEDS = {"nnx": ("flax", "optax"), "linen": ("flax", "optax"), "linen_remat": ("flax", "optax"),
+          "haiku": ("haiku", "optax"), "equinox": ("equinox", "optax")}
+
+
+def missing(model: str) -> list[str]:
+    """The libraries `model` needs that are not installed."""
+    return [m for m in _NEEDS[model] if importlib.util.find_spec(m) is None]
+
+
+def _tokens(seed=0):
+    return jax.random.randint(jax.random.key(seed), (BATCH, SEQ), 0, VOCAB)
+
+
+def _xent(logits, tok):
+    import optax
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tok[:, 1:]).mean()
+
+
+def _adam_step(loss_of, tx):
+    """step(params, opt_state, tok) -> (loss, params, opt_state)."""
+    import optax
+
+    def step(params, opt_state, tok):
+        loss, g = jax.value_and_grad(loss_of)(params, tok)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+    return step
+
+
+# --- the models: one builder per library, each returning (step, params) -----------------------------
+
+def linen(n: int, remat: bool = False, seed: int = 0):
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+            h = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=HEADS)(h, h, mask=mask)
+            h = nn.Dense(D)(nn.gelu(nn.Dense(4 * D)(nn.LayerNorm()(x))))
+            return x + h
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, tok):
+            x = nn.Embed(VOCAB, D)(tok)
+            blk = nn.remat(Block) if remat else Block
+            for _ in range(n):
+                x = blk()(x)
+            return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+    model = Model()
+    params = model.init(jax.random.key(seed), _tokens())
+    return (lambda p, tok: _xent(model.apply(p, tok), tok)), params
+
+
+def nnx_model(n: int, seed: int = 0):
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1, self.ln2 = nnx.LayerNorm(D, rngs=rngs), nnx.LayerNorm(D, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(HEADS, D, decode=False, rngs=rngs)
+            self.up, self.down = nnx.Linear(D, 4 * D, rngs=rngs), nnx.Linear(4 * D, D, rngs=rngs)
+
+        def __call__(self, x, mask):
+            x = x + self.attn(self.ln1(x), mask=mask)
+            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(VOCAB, D, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(n)])
+            self.ln, self.head = nnx.LayerNorm(D, rngs=rngs), nnx.Linear(D, VOCAB, rngs=rngs)
+
+        def __call__(self, tok):
+            mask = nnx.make_causal_mask(tok)
+            x = self.embed(tok)
+            for b in self.blocks:
+                x = b(x, mask)
+            return self.head(self.ln(x))
+
+    graphdef, params = nnx.split(Model(nnx.Rngs(seed)))
+
+    def loss(p, tok):
+        return _xent(nnx.merge(graphdef, p)(tok), tok)
+    return loss, params
+
+
+def haiku_model(n: int, seed: int = 0):
+    import haiku as hk
+
+    def fwd(tok):
+        x = hk.Embed(VOCAB, D)(tok)
+        mask = jnp.tril(jnp.ones((SEQ, SEQ), bool))[None, None]
+        for _ in range(n):
+            h = hk.LayerNorm(-1, True, True)(x)
+            x = x + hk.MultiHeadAttention(HEADS, D // HEADS, w_init=hk.initializers.VarianceScaling(
+                1.0))(h, h, h, mask=mask)
+            h = hk.LayerNorm(-1, True, True)(x)
+            x = x + hk.Linear(D)(jax.nn.gelu(hk.Linear(4 * D)(h)))
+        return hk.Linear(VOCAB)(hk.LayerNorm(-1, True, True)(x))
+
+    model = hk.without_apply_rng(hk.transform(fwd))
+    params = model.init(jax.random.key(seed), _tokens())
+    return (lambda p, tok: _xent(model.apply(p, tok), tok)), params
+
+
+def equinox_model(n: int, seed: int = 0):
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        ln1: eqx.nn.LayerNorm
+        ln2: eqx.nn.LayerNorm
+        attn: eqx.nn.MultiheadAttention
+        up: eqx.nn.Linear
+        down: eqx.nn.Linear
+
+        def __init__(self, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.ln1, self.ln2 = eqx.nn.LayerNorm(D), eqx.nn.LayerNorm(D)
+            self.attn = eqx.nn.MultiheadAttention(HEADS, D, key=k1)
+            self.up, self.down = eqx.nn.Linear(D, 4 * D, key=k2), eqx.nn.Linear(4 * D, D, key=k3)
+
+        def __call__(self, x, mask):  # x: (SEQ, D)
+            h = jax.vmap(self.ln1)(x)
+            x = x + self.attn(h, h, h, mask=mask)
+            h = jax.vmap(self.ln2)(x)
+            return x + jax.vmap(lambda v: self.down(jax.nn.gelu(self.up(v))))(h)
+
+    class Model(eqx.Module):
+        embed: eqx.nn.Embedding
+        blocks: list
+        ln: eqx.nn.LayerNorm
+        head: eqx.nn.Linear
+
+        def __init__(self, key):
+            ks = jax.random.split(key, n + 2)
+            self.embed = eqx.nn.Embedding(VOCAB, D, key=ks[0])
+            self.blocks = [Block(k) for k in ks[2:]]
+            self.ln, self.head = eqx.nn.LayerNorm(D), eqx.nn.Linear(D, VOCAB, key=ks[1])
+
+        def __call__(self, tok):  # tok: (SEQ,)
+            mask = jnp.tril(jnp.ones((SEQ, SEQ), bool))
+            x = jax.vmap(self.embed)(tok)
+            for b in self.blocks:
+                x = b(x, mask)
+            return jax.vmap(lambda v: self.head(self.ln(v)))(x)
+
+    params, static = eqx.partition(Model(jax.random.key(seed)), eqx.is_array)
+
+    def loss(p, tok):
+        return _xent(jax.vmap(eqx.combine(p, static))(tok), tok)
+    return loss, params
+
+
+def build(model: str, n: int, seed: int = 0):
+    """(step, (params, opt_state, tokens)) for one of `MODELS` with `n` blocks."""
+    import optax
+    loss, params = {"nnx": nnx_model, "linen": linen, "haiku": haiku_model,
+                    "equinox": equinox_model,
+                    "linen_remat": lambda n, seed: linen(n, remat=True, seed=seed)}[model](n, seed)
+    tx = optax.adam(1e-3)
+    return _adam_step(loss, tx), (params, tx.init(params), _tokens(seed + 1))
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+
+def _max_rel(a, b) -> float:
+    worst = 0.0
+    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+        worst = max(worst, float(np.max(np.abs(u - v) / (np.abs(v) + 1e-6))) if u.size else 0.0)
+    return worst
+
+
+def _scans(cj):
+    from jaxrewrite._walk import iter_eqns
+    return [e.params["length"] for e in iter_eqns(cj) if e.primitive.name == "scan"]
+
+
+def row(model: str, n: int, repeats: int = 5, **options) -> dict:
+    step, args = build(model, n)
+    opts = dict(reroll=True, **options)
+    cj = jax.make_jaxpr(step)(*args)
+    t = time.perf_counter()
+    res = jaxrewrite.rewrite_jaxpr_with_report(cj, **opts)
+    rewrite_s = time.perf_counter() - t
+    ph = paired_phases({"jit": lambda: jax.jit(step), "opt": lambda: jaxrewrite.optimize(step, **opts)},
+                       args, repeats=repeats)
+    comp = {k: v["lower"] + v["compile"] for k, v in ph.items()}
+    fj, fo = ph["jit"]["compiled"], ph["opt"]["compiled"]
+    run = paired({"jit": lambda: fj(*args), "opt": lambda: fo(*args)}, repeats=max(repeats, 5))
+    diff = _max_rel(block(fo(*args))[1], block(fj(*args))[1])
+    return dict(model=model, N=n, compile_jit_s=comp["jit"], compile_opt_s=comp["opt"],
+                compile_ratio=comp["opt"] / comp["jit"], run_ratio=run["opt"] / run["jit"],
+                rewrite_s=rewrite_s, scans=len(_scans(res.jaxpr)),
+                lengths=",".join(map(str, res.report.stats.get("reroll.lengths", []))),
+                max_rel_diff=diff)
+
+
+def loss_curves(model: str, n: int, steps: int = 100, **options):
+    """(jax.jit's losses, optimize's losses) over `steps` adam steps on one fixed batch."""
+    step, (params, opt_state, tok) = build(model, n)
+    out = []
+    for fn in (jax.jit(step), jaxrewrite.optimize(step, reroll=True, **options)):
+        p, o, losses = params, opt_state, []
+        for _ in range(steps):
+            loss, p, o = fn(p, o, tok)
+            losses.append(float(loss))
+        out.append(np.array(losses))
+    return out[0], out[1]
+
+
+def main(quick: bool = False, layers=None, models=None, repeats=None) -> list[dict]:
+    models = [m for m in (models or MODELS)]
+    absent = {m: missing(m) for m in models}
+    if all(absent.values()):
+        print(f"models: skipped, the `models` extra is not installed "
+              f"(missing: {sorted({x for v in absent.values() for x in v})})")
+        return []
+    layers = layers or ((4,) if quick else (16, 32))
+    repeats = repeats or (1 if quick else 5)
+    rows = []
+    for m in models:
+        if absent[m]:
+            print(f"models: {m} skipped (missing {absent[m]})")
+            continue
+        for n in layers:
+            r = row(m, n, repeats)
+            print(r, flush=True)
+            rows.append(r)
+    return rows
+
+
+if __name__ == "__main__":
+    from _common import markdown_table, write_results
+
+    def _arg(name, conv, default=None):
+        argv = sys.argv[1:]
+        return conv(argv[argv.index(name) + 1]) if name in argv else default
+
+    quick = "--quick" in sys.argv[1:]
+    layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
+    models = _arg("--models", lambda s: s.split(","))
+    repeats = _arg("--repeats", int)
+    rows = main(quick, layers, models, repeats)
+    print(markdown_table(rows, COLUMNS))
+    print(f"\nwritten {write_results(NAME, rows, dict(quick=quick, layers=layers, repeats=repeats))}")
