@@ -149,6 +149,25 @@ def test_seed_inner_fn_in_loop(perm, kind):
     assert none["scan"] == 1 and none["jit"] == 1
 
 
+def test_cpu_loop_stays_rolled_where_scalarize_would_not_split_it():
+    """A lone permutation per trip, re-joined for the next: unrolled, scalarize would decline
+    (re-joins cost more than the permutations on the CPU), so the loop stays rolled and the
+    decline gives scalarize's reason (tests/test_regressions.py has the ARX case)."""
+    perm = np.array([1, 2, 3, 0])
+
+    def f(x):
+        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3)), x)
+
+    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4), np.uint32))
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), target="cpu")
+    assert primitive_counts(res.jaxpr)["scan"] == 1
+    why = [e.reason for e in res.report.declines if e.pass_name == "flatten"]
+    assert why and all("scalarize would not split it unrolled" in w for w in why)
+    unrolled = primitive_counts(jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(f)(x), target="cpu",
+                                                         flatten=True))
+    assert "scan" not in unrolled      # flatten=True: unrolled whatever scalarize says
+
+
 def test_while_fori_loop_with_folded_bound():
     """`fori_loop` with a traced bound lowers to `while`; once fold makes the bound a literal,
     the loop has a static trip count and is unrolled like a scan."""
@@ -235,13 +254,8 @@ def test_option_validated():
 
 
 def test_explain_shows_the_unroll_estimate():
-    perm = np.array([1, 2, 3, 0])
-
-    def f(x):
-        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3)), x)
-
-    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4), np.uint32))
-    e = jaxrewrite.explain(f)(x)
+    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4, 4), np.uint32))
+    e = jaxrewrite.explain(seed_loop("take", "fori"))(x)
     unrolled = [r for r in e.to_dict()["rewrites"] if r["pass_name"] == "flatten"]
     assert len(unrolled) == 1 and tuple(unrolled[0]["before"]) == ("scan",)
     assert "launches/call rolled" in unrolled[0]["after"][0]

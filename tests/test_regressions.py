@@ -217,8 +217,6 @@ def test_gathers_all_decline_past_split_size_does_not_promise_it():
         assert why and all("allows it" not in w and str(SPLIT_MAX_ELEMENTS) in w for w in why)
 
 
-@pytest.mark.xfail(strict=True, reason="passes/flatten.py (issue 12) unrolls a loop for scalarize "
-                   "on the CPU without scalarize's verdict on the unrolled body")
 def test_flatten_keeps_a_loop_rolled_when_scalarize_declines_the_unrolled_body():
     """Found by tests/test_never_worse.py's long run (shrunk): a 4x4 ARX round in a `fori_loop`
     of 2 trips, 1,024 blocks. flatten unrolls it (~4 launches rolled, ~1 unrolled) because a

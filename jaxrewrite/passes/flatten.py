@@ -42,6 +42,8 @@ loop within the compile-time limit, whatever the launch estimate.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -49,6 +51,10 @@ from jax import lax
 from .. import _compat as C
 from .. import _cost
 from .. import _walk
+from .._report import Report
+# Scalarize's verdict on an unrolled level (CPU), asked before the loop is given up: unrolled
+# and not split, a loop only costs compile time and run time (as reroll asks outline).
+from . import scalarize
 
 PASS = "flatten"
 
@@ -266,7 +272,9 @@ def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
                           moves=small and piece_of(body, False) > 0)
 
 
-def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
+def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
+    """`rule(eqn)` for `_walk.rewrite_eqns`: a loop's unrolled replacement, or None. What it
+    unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict."""
     def rule(eqn):
         name = eqn.primitive.name
         if name == "scan":
@@ -297,12 +305,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, stats):
                 ctx.report.declined(PASS, eqn, f"{name} of {trips} trips stays rolled: {why}")
             return None
         eqns, outs = _unroll(eqn, trips, body, consts, init, xs, reverse)
-        # the estimate rides on the event, so explain() shows why the loop was unrolled
-        ctx.report.applied(PASS, eqn, after=(f"unrolled ({summary})",))
-        if calls:
-            ctx.report.count(f"{PASS}.inlined_in_loops", calls)
-        ctx.report.count(f"{PASS}.unrolled_trips", trips)
-        stats.append(f"{name} of {trips} trips unrolled: {summary}")
+        pending.append((eqn, trips, summary, calls))
         return _walk.Replacement(eqns, outs)
     return rule
 
@@ -341,9 +344,22 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
     return should
 
 
+def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:
+    """None where scalarize would split this level (as its `run` does: static-gather calls
+    inlined first), else its reason. Asked with a scratch report: the real one records what
+    scalarize does when the pipeline runs it."""
+    scratch = dataclasses.replace(ctx, report=Report())
+    j = scalarize.inline_gather_calls(jaxpr)
+    _, split = scalarize.scalarize_jaxpr(j, scratch, ctx.options.scalarize, consts)
+    if split:
+        return None
+    reasons = [d.reason for d in scratch.report.declines]
+    return reasons[-1] if reasons else "nothing to split"
+
+
 def run(cj, ctx):
-    """Inline small calls and unroll small static loops that carry small static axes moved by
-    data movement, innermost first. Nothing else changes."""
+    """Inline small re-joining calls and unroll small static loops whose small axes are
+    permuted, innermost first. Nothing else changes."""
     mode = ctx.options.flatten
     if mode is False or mode is None:
         return cj, False
@@ -351,12 +367,15 @@ def run(cj, ctx):
     max_axis = _cost.costs(ctx.target).max_axis
     stats: list = []
     pieces: dict = {}
+    # CPU: a rolled loop costs no launches, so an unrolled one must be split to pay
+    ask_scalarize = not lc.launches_decide and mode == "auto"
 
     def piece_of(j, permuting: bool) -> int:
         return _largest_piece(j, max_axis, permuting, pieces)
 
     should_inline = _inline_rule(ctx, mode, max_axis, lc.max_unrolled_eqns, piece_of)
-    unroll = _unroll_rule(ctx, mode, max_axis, piece_of, stats)
+    pending: list = []
+    unroll = _unroll_rule(ctx, mode, max_axis, piece_of, pending)
     changed = [False]
 
     def inline(c, j):
@@ -375,7 +394,25 @@ def run(cj, ctx):
         j2 = inline(c, j)
         loops = any(j2.eqns[i].primitive.name in ("scan", "while")
                     for i, _ in _walk.nested_eqns(j2))
-        j3, _ = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
+        pending.clear()
+        j3, unrolled = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
+        if unrolled:
+            why = _scalarize_verdict(ctx, j3, c.consts) if ask_scalarize else None
+            for eqn, trips, summary, calls in pending:
+                name = eqn.primitive.name
+                if why is not None:
+                    ctx.report.declined(PASS, eqn, f"{name} of {trips} trips stays rolled: "
+                                                   f"scalarize would not split it unrolled "
+                                                   f"({why}; {summary})")
+                    continue
+                # the estimate rides on the event, so explain() shows why it was unrolled
+                ctx.report.applied(PASS, eqn, after=(f"unrolled ({summary})",))
+                if calls:
+                    ctx.report.count(f"{PASS}.inlined_in_loops", calls)
+                ctx.report.count(f"{PASS}.unrolled_trips", trips)
+                stats.append(f"{name} of {trips} trips unrolled: {summary}")
+            if why is not None:
+                j3 = j2
         if j3 is j:
             return c
         changed[0] = True
