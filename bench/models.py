@@ -11,7 +11,8 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 * `rewrite_s`: `jaxrewrite.rewrite_jaxpr` of the step's jaxpr, `jit_s` for scale: jax.jit's
   lower + compile;
 * `scans`, `lengths`: the scans reroll made and their trips;
-* `max_rel_diff`: largest relative difference of the updated parameters after one step.
+* `max_rel_diff`: largest difference of the updated parameters after one step, relative to
+  each leaf's largest magnitude.
 
     python bench/models.py [--quick] [--layers 16,32] [--models nnx,linen] [--repeats 5]
 
@@ -212,10 +213,13 @@ def build(model: str, n: int, seed: int = 0):
 # --- measuring ----------------------------------------------------------------------------------------
 
 def _max_rel(a, b) -> float:
+    """Largest difference of any leaf, relative to that leaf's largest magnitude (an element-wise
+    ratio is dominated by parameters that are near zero)."""
     worst = 0.0
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
-        worst = max(worst, float(np.max(np.abs(u - v) / (np.abs(v) + 1e-6))) if u.size else 0.0)
+        if u.size:
+            worst = max(worst, float(np.max(np.abs(u - v)) / max(np.max(np.abs(v)), 1e-30)))
     return worst
 
 
