@@ -319,18 +319,10 @@ def test_batched_static_gather_passes_the_batch_through(name):
     assert set(counts) <= STRUCTURAL | {"concatenate", "broadcast_in_dim", "select_n"}
 
 
-def test_batched_gather_map_is_the_size_of_one_window(monkeypatch):
+def test_batched_gather_map_is_the_size_of_one_window(map_sizes):
     """65,536 rows of a 16-word permutation: the index map analysed is one row's (16 entries),
     not 1M (the analysis of a 1M-entry map took a second of ChaCha20's compile)."""
-    from jaxrewrite import _indexmap
-    sizes = []
-    real = _indexmap.gather_map
-
-    def spy(operand_shape, *a, **k):
-        sizes.append(int(np.prod(operand_shape)))
-        return real(operand_shape, *a, **k)
-
-    monkeypatch.setattr(_indexmap, "gather_map", spy)
+    sizes = map_sizes("gather_map")
     x = jnp.arange(65536 * 16, dtype=jnp.uint32).reshape(65536, 16)
     perm = np.array([1, 2, 3, 0, 6, 7, 4, 5, 11, 8, 9, 10, 12, 13, 14, 15])
     fn = jax.vmap(lambda r: r[perm])

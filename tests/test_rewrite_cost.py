@@ -51,16 +51,9 @@ def test_batched_scatter_equals_jit_bit_for_bit(name, n):
     assert_equivalent(fn, *make(n), vmap=n <= 1024, bitwise=True)
 
 
-def test_batched_scatter_map_is_the_size_of_one_window(monkeypatch):
+def test_batched_scatter_map_is_the_size_of_one_window(map_sizes):
     """The scatter's map is computed for one (4, 4) window, not for the 65,536 rows."""
-    sizes = []
-    real = _indexmap.scatter_map
-
-    def spy(operand_shape, *a, **k):
-        sizes.append(int(np.prod(operand_shape)))
-        return real(operand_shape, *a, **k)
-
-    monkeypatch.setattr(_indexmap, "scatter_map", spy)
+    sizes = map_sizes("scatter_map")
     for name in sorted(SCATTERS):
         fn, make = SCATTERS[name]
         jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(fn)(*make(65536)))
@@ -164,16 +157,9 @@ def test_per_row_gather_analysis_makes_the_same_rewrites_and_declines(name, opti
     assert _gather_outcome(fn, x, **options) == per_row
 
 
-def test_batched_gather_by_batching_dims_is_analysed_per_row(monkeypatch):
+def test_batched_gather_by_batching_dims_is_analysed_per_row(map_sizes):
     """take_along_axis and iota-indexed rows over 65,536 rows: maps of one row (4 entries)."""
-    sizes = []
-    real = _indexmap.gather_map
-
-    def spy(operand_shape, *a, **k):
-        sizes.append(int(np.prod(operand_shape)))
-        return real(operand_shape, *a, **k)
-
-    monkeypatch.setattr(_indexmap, "gather_map", spy)
+    sizes = map_sizes("gather_map")
     x = np.zeros((65536, 4), np.int32)
     for name in ("take_along_axis rev", "take_along_axis rot", "iota rows, rev"):
         jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(GATHER_CASES[name])(x), scalarize=False)
