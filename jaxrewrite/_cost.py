@@ -106,6 +106,16 @@ class TargetCosts:
     # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
     # `fori_loop` unrolled and then not split ran 2.6x slower than kept rolled.)
     cost_axis: int = 0
+    # Small pieces: below `cached_piece_elements` elements jax.jit's whole arrays stay in cache,
+    # so its run time is its arithmetic, and the split form must not compute more than
+    # `max_cached_work` times it: the fused code (each piece's loop its whole cone) per equation
+    # of the level per lane (jax.jit computes each equation once over all lanes). Measured
+    # (paired, run vs jax.jit; that work ratio): 8-word ARX, 1,025 blocks, 4 / 10 / 20 rounds
+    # 2.31 -> 0.71x, 2.67 -> 0.75x, 3.06 -> 1.15-1.5x (the never-worse property's failure);
+    # with 8 words re-joined 5.97 -> 1.41x; 4x4 words, 20 rounds 4.95 -> 1.00x; 4x4 quarter
+    # rounds 0.83-0.98 -> 0.22-0.59x. At 2,048 blocks the 3.06 and 5.97 cases ran 0.40x / 0.32x.
+    cached_piece_elements: int = 0
+    max_cached_work: float = float("inf")
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -121,7 +131,8 @@ COSTS: dict[str, TargetCosts] = {
     "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
                        counts_decide=False, max_launch_growth=4.0, reroll_list_read=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
-                       min_piece_cone=16, cost_axis=32),
+                       min_piece_cone=16, cost_axis=32, cached_piece_elements=2048,
+                       max_cached_work=2.75),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -141,6 +152,7 @@ class ScalarizePlan:
     joins: int             # values re-joined because a consumer needs the whole array
     mixed_inexact: int = 0 # float values used both whole and in pieces
     piece_elements: int = 0  # elements of the smallest piece
+    lanes: int = 1         # most pieces one value is split into
 
 
 def cut_points(plan: "ScalarizePlan", target: str | None) -> tuple[float, int]:
@@ -311,13 +323,27 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None) 
     return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary)
 
 
-def fused_limit(model: JoinModel, target: str | None) -> str | None:
+def fused_limit(model: JoinModel, target: str | None,
+                plan: ScalarizePlan | None = None) -> str | None:
     """The reason to decline a split by its fused code (too much of it: compile time; too
-    little per piece: run time), or None."""
+    little per piece, or too much per lane on small pieces: run time), or None.
+
+    | fused code (per equation of the level)    | verdict                                  |
+    | ----------------------------------------- | ---------------------------------------- |
+    | > max_fused_growth                        | decline: compile time                    |
+    | < min_piece_cone per re-joined piece      | decline: strided reads not paid for      |
+    | per lane > max_cached_work, pieces smaller | decline: jax.jit's arrays stay in cache, |
+    |   than cached_piece_elements              |   the recomputation is what runs         |
+    """
     c = costs(target)
     if model.growth > c.max_fused_growth:
         return (f"{model.summary}: more than {c.max_fused_growth:g}x the level's equations "
                 f"(compile time)")
+    if (plan is not None and 0 < plan.piece_elements < c.cached_piece_elements
+            and model.growth / max(1, plan.lanes) > c.max_cached_work):
+        return (f"{model.summary}: {model.growth / max(1, plan.lanes):.2f}x jax.jit's work per "
+                f"lane on pieces of {plan.piece_elements} elements (limit {c.max_cached_work:g}x "
+                f"below {c.cached_piece_elements}: jax.jit's arrays stay in cache there)")
     if model.pieces and model.fused < c.min_piece_cone * model.pieces:
         return (f"{model.summary}: {model.fused / model.pieces:.1f} equations per re-joined "
                 f"piece's loop, fewer than {c.min_piece_cone} do not pay for reading its words "
