@@ -43,8 +43,13 @@ class TargetCosts:
     join_form: str = "flat"
     # Smallest piece (elements) worth a loop of its own. CPU, seed program, split vs jax.jit run
     # time per piece size (= batch), three runs on a shared machine: 256: 1.4-2.2x, then 0.94-1.03x;
-    # 1024: 1.8-3.1x, then 0.42-0.87x; 4096: 0.46-0.62x; 16384: 0.41-0.79x. Below 1024 there is
-    # nothing to gain and a loop per piece to lose. GPU: kernels, not loops, cost: no minimum.
+    # 1024: 1.8-3.1x, then 0.42-0.87x; 4096: 0.46-0.62x; 16384: 0.41-0.79x. Generated ARX
+    # programs (tests/test_never_worse.py), paired medians: at 1,024-2,048 blocks a split ran
+    # 0.44-0.75x on some and 1.1-1.5x on others (8 words, 20 jitted rounds, 1,025 blocks: 1.15-1.5x
+    # in six measurements, 0.19x at 4,096; 4x4 words, 3 rounds: 1.19x / 1.11x at 1,024 / 2,048,
+    # 0.60x at 4,096), which nothing in the model told apart: jax.jit's arrays stay in cache there
+    # and the split's strided loops gain nothing certain. From 4,096 every one measured ran faster.
+    # GPU: kernels, not loops, cost: no minimum.
     min_piece_elements: int = 0
     # Cut a split region with an optimization barrier at a permutation every `cut_eqns`
     # equations (None: never). GPU: one fusion's compile time grows faster than linearly with its
@@ -106,16 +111,6 @@ class TargetCosts:
     # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
     # `fori_loop` unrolled and then not split ran 2.6x slower than kept rolled.)
     cost_axis: int = 0
-    # Small pieces: below `cached_piece_elements` elements jax.jit's whole arrays stay in cache,
-    # so its run time is its arithmetic, and the split form must not compute more than
-    # `max_cached_work` times it: the fused code (each piece's loop its whole cone) per equation
-    # of the level per lane (jax.jit computes each equation once over all lanes). Measured
-    # (paired, run vs jax.jit; that work ratio): 8-word ARX, 1,025 blocks, 4 / 10 / 20 rounds
-    # 2.31 -> 0.71x, 2.67 -> 0.75x, 3.06 -> 1.15-1.5x (the never-worse property's failure);
-    # with 8 words re-joined 5.97 -> 1.41x; 4x4 words, 20 rounds 4.95 -> 1.00x; 4x4 quarter
-    # rounds 0.83-0.98 -> 0.22-0.59x. At 2,048 blocks the 3.06 and 5.97 cases ran 0.40x / 0.32x.
-    cached_piece_elements: int = 0
-    max_cached_work: float = float("inf")
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -128,11 +123,10 @@ COSTS: dict[str, TargetCosts] = {
     # Axes of 17..32 (`cost_axis`) and up to 32 pieces where the fused-code estimate allows (a
     # 25-lane state, 2 rounds with a message, 65,536 blocks: run 0.33x, compile 8.8x jax.jit;
     # 16 was the limit and it kept its gathers).
-    "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=1024,
+    "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=4096,
                        counts_decide=False, max_launch_growth=4.0, reroll_list_read=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
-                       min_piece_cone=16, cost_axis=32, cached_piece_elements=2048,
-                       max_cached_work=2.75),
+                       min_piece_cone=16, cost_axis=32),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -152,7 +146,6 @@ class ScalarizePlan:
     joins: int             # values re-joined because a consumer needs the whole array
     mixed_inexact: int = 0 # float values used both whole and in pieces
     piece_elements: int = 0  # elements of the smallest piece
-    lanes: int = 1         # most pieces one value is split into
 
 
 def cut_points(plan: "ScalarizePlan", target: str | None) -> tuple[float, int]:
@@ -323,27 +316,13 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None) 
     return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary)
 
 
-def fused_limit(model: JoinModel, target: str | None,
-                plan: ScalarizePlan | None = None) -> str | None:
+def fused_limit(model: JoinModel, target: str | None) -> str | None:
     """The reason to decline a split by its fused code (too much of it: compile time; too
-    little per piece, or too much per lane on small pieces: run time), or None.
-
-    | fused code (per equation of the level)    | verdict                                  |
-    | ----------------------------------------- | ---------------------------------------- |
-    | > max_fused_growth                        | decline: compile time                    |
-    | < min_piece_cone per re-joined piece      | decline: strided reads not paid for      |
-    | per lane > max_cached_work, pieces smaller | decline: jax.jit's arrays stay in cache, |
-    |   than cached_piece_elements              |   the recomputation is what runs         |
-    """
+    little per piece: run time), or None."""
     c = costs(target)
     if model.growth > c.max_fused_growth:
         return (f"{model.summary}: more than {c.max_fused_growth:g}x the level's equations "
                 f"(compile time)")
-    if (plan is not None and 0 < plan.piece_elements < c.cached_piece_elements
-            and model.growth / max(1, plan.lanes) > c.max_cached_work):
-        return (f"{model.summary}: {model.growth / max(1, plan.lanes):.2f}x jax.jit's work per "
-                f"lane on pieces of {plan.piece_elements} elements (limit {c.max_cached_work:g}x "
-                f"below {c.cached_piece_elements}: jax.jit's arrays stay in cache there)")
     if model.pieces and model.fused < c.min_piece_cone * model.pieces:
         return (f"{model.summary}: {model.fused / model.pieces:.1f} equations per re-joined "
                 f"piece's loop, fewer than {c.min_piece_cone} do not pay for reading its words "

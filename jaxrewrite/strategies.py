@@ -589,8 +589,8 @@ class FieldRecipe:
         return program
 
 
-# batches around each threshold of the cost model: the CPU's minimum piece (1,024 elements)
-BATCHES = (16, 256, 1023, 1024, 1025, 4096, 65536)
+# batches around each threshold of the cost model: the CPU's minimum piece (4,096 elements)
+BATCHES = (16, 256, 1024, 4095, 4096, 4097, 65536)
 
 
 def arx_recipes(max_batch: int = 65536, max_rounds: int = 24) -> st.SearchStrategy:

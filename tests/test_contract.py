@@ -319,7 +319,7 @@ def test_exact_declines_splitting_and_moving_float_values():
     import seed
 
     fn = seed.rounds_program(_col_mix_float, seed.perm_take)
-    spec = jax.ShapeDtypeStruct((1024, 4, 4), jnp.float32)
+    spec = jax.ShapeDtypeStruct((4096, 4, 4), jnp.float32)
     cj = jax.make_jaxpr(fn)(spec)
     default = jaxrewrite.rewrite_jaxpr_with_report(cj)
     exact = jaxrewrite.rewrite_jaxpr_with_report(cj, exact=True)
@@ -327,5 +327,5 @@ def test_exact_declines_splitting_and_moving_float_values():
     assert default.report.counts["movement.applied"] > 0
     assert exact.report.counts["scalarize.applied"] == 0 and _declined(exact.report, "scalarize")
     assert exact.report.counts["movement.applied"] == 0
-    ms = jnp.asarray(_RNG.standard_normal((1024, 4, 4)), jnp.float32)
+    ms = jnp.asarray(_RNG.standard_normal((4096, 4, 4)), jnp.float32)
     assert _differing(jaxrewrite.optimize(fn, exact=True)(ms), jax.jit(fn)(ms)) == 0

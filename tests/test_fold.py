@@ -16,7 +16,8 @@ from jaxrewrite._report import Report
 from jaxrewrite.passes import fold
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 
-ONLY_FOLD = dict(gathers=False, movement=False, scalarize=False, cse=False, dedup=False)
+ONLY_FOLD = dict(gathers=False, movement=False, flatten=False, scalarize=False, cse=False,
+                 dedup=False)
 
 
 def _fold_once(cj, **opts):

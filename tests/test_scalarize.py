@@ -47,8 +47,9 @@ def test_idempotent():
 
 
 def test_off_keeps_the_gather():
-    cj = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(jax.vmap(chacha1))(KEYS), scalarize=False)
-    assert primitive_counts(cj).get("gather", 0) == 2
+    before = jax.make_jaxpr(jax.vmap(chacha1))(KEYS)
+    cj = jaxrewrite.rewrite_jaxpr(before, scalarize=False)
+    assert primitive_counts(cj).get("gather", 0) == primitive_counts(before)["gather"]
 
 
 def test_lone_permutation_declined_in_auto():
@@ -177,12 +178,12 @@ def test_cpu_splits_25_lanes():
     gathers). Measured (tests/test_never_worse.py's measure): run 0.33x, compile 8.8x jax.jit."""
     from jaxrewrite import strategies as S
     from jaxrewrite._api import rewrite_jaxpr_with_report
-    r = S.ArxRecipe(shape=(25,), rounds=2, quarter=False, message=True, batch=2048)
+    r = S.ArxRecipe(shape=(25,), rounds=2, quarter=False, message=True, batch=4096)
     before = primitive_counts(jax.make_jaxpr(r.fn)(*r.args))
     res = rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
     counts = primitive_counts(res.jaxpr)
     assert "gather" in before and "gather" not in counts
     adds = [v for e in res.jaxpr.jaxpr.eqns if e.primitive.name == "add" for v in e.outvars]
-    assert adds and all(v.aval.shape == (2048,) for v in adds)       # one array per lane
+    assert adds and all(v.aval.shape == (4096,) for v in adds)       # one array per lane
     assert counts["stack"] == 1 and counts["add"] % 25 == 0
     assert_equivalent(r.fn, *r.args, grad=False, target="cpu", strict=True)

@@ -686,8 +686,7 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
             f = inexact[dt] = bool(np.issubdtype(dt, np.inexact))
         mixed += f
     smallest = min((math.prod(shape_of(v)) // max(1, n) for v, n in npieces.items()), default=0)
-    return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest,
-                               max(npieces.values(), default=1))
+    return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest)
 
 
 # --- calls ---------------------------------------------------------------------------------------
@@ -890,7 +889,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     form, model = built[0] if built else _fused_code(jaxpr, an, target, costs,
                                                      _split(jaxpr, an, target, costs))
     new, joins, cuts, _ = form
-    if model is not None and (why := _cost.fused_limit(model, target, an.plan)) is not None:
+    if model is not None and (why := _cost.fused_limit(model, target)) is not None:
         ctx.report.declined(PASS, first, why)
         return jaxpr, False
     if joins > an.plan.joins and not ctx.options.autotune:
