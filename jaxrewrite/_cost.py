@@ -344,13 +344,18 @@ class LoopCosts:
     # axis of its carry so that scalarize turns the permutations into renaming (CPU: a rolled
     # loop costs little there; unrolling alone only adds compile time).
     launches_decide: bool
+    # Whether `"auto"` keeps a loop rolled and splits its carry (passes/loop_carry.py) instead
+    # of unrolling it: where launches do not decide, unrolling only multiplies compile time by
+    # the trip count (CPU, ChaCha20 fori_loop, 10 double rounds unrolled and split: compile
+    # 21-28x jax.jit's, run 0.4-0.56x).
+    split_carry: bool = False
 
 
 LOOP_COSTS: dict[str, LoopCosts] = {
     # CPU: ChaCha20 (bench/permutations.py, 65,536 blocks): the fori_loop form unrolled and split
     # ran 1.00x the hand-written 16-word form (rolled, as jax.jit: 1.68x); a rolled loop costs
     # no launches there, so only a split pays for the compile time unrolling adds.
-    "cpu": LoopCosts(4000, 0.0, launches_decide=False),
+    "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True),
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.

@@ -123,8 +123,9 @@ class Builder:
             return atom
         P = self.parts[(atom, axes)]
         self.whole[atom] = self._join(P, axes, shape_of(atom), apart=atom in self.apart)
-        self.join_pieces[atom] = list(P.flat)
-        self.joins += 1
+        if P.size > 1:  # (one piece along axes of size 1: a reshape, no re-join)
+            self.join_pieces[atom] = list(P.flat)
+            self.joins += 1
         return self.whole[atom]
 
     def get_parts(self, atom, axes) -> np.ndarray:

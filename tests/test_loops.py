@@ -69,23 +69,6 @@ def test_chacha_block_becomes_16_words(kind):
                                   np.asarray(jax.jit(f2)(KEYS)))
 
 
-def test_chacha_default_cpu_at_piece_size_flattens():
-    """The default options on the CPU at 4,096 blocks (pieces of 4,096 words, the CPU's
-    minimum): the loop is unrolled with its calls, with the estimate in the report;
-    whether scalarize then splits is its own cost model's verdict (tests/test_scalarize.py)."""
-    keys = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (4096, 4, 4), np.uint32))
-    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(jax.vmap(block_fori))(keys),
-                                               target="cpu")
-    counts = primitive_counts(res.jaxpr)
-    assert "scan" not in counts and counts.get("jit", 0) <= 1   # (the block function's call)
-    unrolled = [e for e in res.report.rewrites
-                if e.pass_name == "flatten" and e.before == ("scan",)]
-    assert len(unrolled) == 1 and "launches/call" in unrolled[0].after[0]
-    f2 = jax.vmap(block("fori", rounds=2))
-    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f2)(keys)),
-                                  np.asarray(jax.jit(f2)(keys)))
-
-
 def test_cpu_small_batch_stays_rolled_with_reason():
     """8 blocks on the CPU: scalarize would not split pieces of 8 words, so nothing is unrolled
     (compile time for nothing) and the decline says why."""
@@ -134,39 +117,78 @@ def seed_loop(perm, kind):
     return P.rounds_loop(COLFNS["mix"], PERMS[perm], kind)
 
 
+def _scans(cj):
+    from jaxrewrite import _walk
+    return [e for e in _walk.iter_eqns(cj) if e.primitive.name == "scan"]
+
+
+def _carried_pieces(scan, shape):
+    """How many of the scan's carried values have `shape` (a split carry: one per piece)."""
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    return sum(1 for v in scan.invars[nc:nc + nk] if tuple(v.aval.shape) == shape)
+
+
 @pytest.mark.parametrize("perm", ["gather", "take", "ravel"])
 @pytest.mark.parametrize("kind", ["fori", "scan"])
-def test_seed_inner_fn_in_loop(perm, kind):
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_seed_inner_fn_in_loop(perm, kind, target):
+    """GPU: unrolled (launches decide). CPU: kept rolled, its (4096, 4, 4) carry carried as 16
+    words, so the body computes on words: no gather, each trip's muls once per word."""
     ms = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (4096, 4, 4), np.uint32))
     f = seed_loop(perm, kind)
-    cj = assert_equivalent(f, ms, vmap=False)          # default options, CPU, bit for bit
+    cj = assert_equivalent(f, ms, vmap=False, target=target)   # default options, bit for bit
     counts = primitive_counts(cj)
-    for prim in ("gather", "scan", "while", "jit"):
+    for prim in ("gather", "while", "jit"):
         assert prim not in counts, (prim, counts)
-    assert counts["mul"] == 7 * 3 * 4            # split: 4 words x 3 muls x 7 trips
-    # with no permutation at all there is nothing to make renaming: loop and call stay
-    none = primitive_counts(jaxrewrite.rewrite_jaxpr(
-        jax.make_jaxpr(seed_loop("none", kind))(ms)))
-    assert none["scan"] == 1 and none["jit"] == 1
+    if target == "gpu":
+        assert "scan" not in counts
+        assert counts["mul"] == 7 * 3 * 4        # split: 4 words x 3 muls x 7 trips
+    else:
+        (scan,) = _scans(cj)
+        assert scan.params["length"] == 7 and _carried_pieces(scan, (4096,)) == 16
+        assert counts["mul"] == 3 * 4            # one trip's body, on words
+    if target == "cpu":
+        # with no permutation at all there is nothing to make renaming: loop and call stay
+        none = primitive_counts(jaxrewrite.rewrite_jaxpr(
+            jax.make_jaxpr(seed_loop("none", kind))(ms), target=target))
+        assert none["scan"] == 1 and none["jit"] == 1
 
 
-def test_cpu_loop_stays_rolled_where_scalarize_would_not_split_it():
-    """A lone permutation per trip, re-joined for the next: unrolled, scalarize would decline
-    (re-joins cost more than the permutations on the CPU), so the loop stays rolled and the
-    decline gives scalarize's reason (tests/test_regressions.py has the ARX case)."""
+def test_cpu_chacha_fori_carry_split_compiles_the_body_once():
+    """ChaCha20's fori_loop on the CPU: not unrolled (10x the compile for no launch saved) but
+    rolled with its state carried as 16 words; the jitted quarter-rounds inlined, the diagonal
+    permutations renaming; the estimate in the report; bit for bit at 4,096 blocks."""
+    keys = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (4096, 4, 4), np.uint32))
+    f = jax.vmap(block_fori)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(keys), target="cpu")
+    counts = primitive_counts(res.jaxpr)
+    for prim in ("gather", "concatenate", "while"):
+        assert prim not in counts, (prim, counts)
+    (scan,) = _scans(res.jaxpr)
+    assert scan.params["length"] == 10 and _carried_pieces(scan, (4096,)) == 16
+    assert counts["add"] == 2 * 16 + 2           # one double round on words, + x, + the counter
+    (ev,) = [e for e in res.report.rewrites if e.pass_name == "flatten" and e.before == ("scan",)]
+    assert "carry split" in ev.after[0] and "compiled once" in ev.after[0]
+    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f)(keys)),
+                                  np.asarray(jax.jit(f)(keys)))
+
+
+def test_cpu_carry_not_split_where_the_body_needs_it_whole():
+    """A body that reduces the whole state each trip would re-join the pieces every trip: the
+    carry is not split, the loop stays as it was, and the decline says why."""
     perm = np.array([1, 2, 3, 0])
 
     def f(x):
-        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3)), x)
+        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3))
+                             ^ x.sum(axis=1, keepdims=True), x)
 
     x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (4096, 4), np.uint32))
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), target="cpu")
-    assert primitive_counts(res.jaxpr)["scan"] == 1
+    counts = primitive_counts(res.jaxpr)
+    assert counts["scan"] == 1 and counts["gather"] == 1
     why = [e.reason for e in res.report.declines if e.pass_name == "flatten"]
-    assert why and all("scalarize would not split it unrolled" in w for w in why)
-    unrolled = primitive_counts(jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(f)(x), target="cpu",
-                                                         flatten=True))
-    assert "scan" not in unrolled      # flatten=True: unrolled whatever scalarize says
+    assert why and all("carry not split" in w and "re-join" in w for w in why)
+    assert_equivalent(f, x, vmap=False)
 
 
 def test_while_fori_loop_with_folded_bound():
@@ -180,9 +202,14 @@ def test_while_fori_loop_with_folded_bound():
                              + i.astype(jnp.uint32), x)
 
     x = jnp.asarray(np.random.default_rng(3).integers(0, 2**32, (4096, 4), np.uint32))
-    counts = primitive_counts(assert_equivalent(f, x, vmap=False))
+    counts = primitive_counts(assert_equivalent(f, x, vmap=False, target="gpu"))
     assert "while" not in counts and "gather" not in counts
-    assert counts["xor"] == 7 * 4
+    assert counts["xor"] == 7 * 4                   # GPU: unrolled
+    cj = assert_equivalent(f, x, vmap=False)        # CPU: a scan of 7, its carry in 4 words
+    counts = primitive_counts(cj)
+    assert "while" not in counts and "gather" not in counts and counts["xor"] == 4
+    (scan,) = _scans(cj)
+    assert scan.params["length"] == 7 and _carried_pieces(scan, (4096,)) == 4
 
 
 def test_scan_with_xs_ys_and_reverse():
@@ -256,12 +283,16 @@ def test_option_validated():
 
 def test_explain_shows_the_unroll_estimate():
     x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (4096, 4, 4), np.uint32))
-    e = jaxrewrite.explain(seed_loop("take", "fori"))(x)
+    e = jaxrewrite.explain(seed_loop("take", "fori"), target="gpu")(x)
     unrolled = [r for r in e.to_dict()["rewrites"] if r["pass_name"] == "flatten"]
     assert len(unrolled) == 1 and tuple(unrolled[0]["before"]) == ("scan",)
     assert "launches/call rolled" in unrolled[0]["after"][0]
     assert "equations (compile time)" in unrolled[0]["after"][0]
     assert "launches/call rolled" in str(e)
+    # the CPU keeps it rolled: the estimate is the body's size, compiled once
+    e = jaxrewrite.explain(seed_loop("take", "fori"), target="cpu")(x)
+    (split,) = [r for r in e.to_dict()["rewrites"] if r["pass_name"] == "flatten"]
+    assert "carry split" in split["after"][0] and "compiled once" in str(e)
 
 
 # --- H200 kernels (deviceless XLA compile; the gpu-aot extra, JAX_PLATFORMS=cpu) ----------------

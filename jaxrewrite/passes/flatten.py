@@ -56,6 +56,7 @@ from .. import _compat as C
 from .. import _cost
 from .. import _walk
 from .._report import Report
+from . import loop_carry
 # Scalarize's verdict on an unrolled level (CPU), asked before the loop is given up: unrolled
 # and not split, a loop only costs compile time and run time (as reroll asks outline).
 from . import scalarize
@@ -156,14 +157,18 @@ def _plain_call(eqn) -> bool:
             and all(C.is_foldable_const(c) for c in p["jaxpr"].consts))
 
 
-def _inexact_body(jaxpr) -> str | None:
-    """Why a loop body is not exact to unroll (None: it is)."""
+def _inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
+    """Why a loop body is not exact to unroll (None: it is). `integers_exact`: any primitive
+    whose results are integers or booleans is exact (a carry split keeps the body's code, so
+    only float rounding could move with the fusions; an integer sum is the same in any order)."""
     for e in jaxpr.eqns:
         name = e.primitive.name
-        if name not in EXACT:
-            return f"'{name}' in the body (only exact integer/bitwise ops and data movement)"
         if e.effects:
             return f"'{name}' has effects"
+        if integers_exact and not any(_is_float(v) for v in e.outvars):
+            continue
+        if name not in EXACT:
+            return f"'{name}' in the body (only exact integer/bitwise ops and data movement)"
         if name not in _EXACT_FLOAT_SAFE and any(_is_float(v) for v in e.outvars):
             return f"float '{name}' in the body (XLA may fuse it differently unrolled)"
     return None
@@ -278,7 +283,13 @@ def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
 
 def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     """`rule(eqn)` for `_walk.rewrite_eqns`: a loop's unrolled replacement, or None. What it
-    unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict."""
+    unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict.
+    Where the target splits carries instead (`_cost.LoopCosts.split_carry`, CPU, `"auto"`), the
+    replacement is the rolled loop with its carry split (`loop_carry`), or None."""
+    split_carry = _cost.loop_costs(ctx.target).split_carry and mode == "auto"
+    max_pieces = _cost.costs(ctx.target).max_pieces
+    min_piece = _cost.costs(ctx.target).min_piece_elements
+
     def rule(eqn):
         name = eqn.primitive.name
         if name == "scan":
@@ -298,6 +309,25 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
+        if split_carry:
+            if not plan.moves:
+                return None
+            loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
+                                   eqn.params.get("unroll", 1) if name == "scan" else 1)
+            why = _inexact_body(body.jaxpr, integers_exact=True)
+            if why is None and plan.piece_elements < min_piece:
+                # (asked before the new body is traced: the common case of small batches)
+                why = (f"pieces of at most {plan.piece_elements} elements would not be split "
+                       f"(minimum {min_piece})")
+            if why is None:
+                rep, why = loop_carry.split_loop(eqn, loop, ctx, max_axis, max_pieces,
+                                                 _scalarize_split)
+                if rep is not None:
+                    ctx.report.applied(PASS, eqn, after=(f"rolled, carry split: {why}",))
+                    ctx.report.count(f"{PASS}.carries_split")
+                    return rep
+            ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: carry not split: {why}")
+            return None
         why, summary = _cost.unroll_decision(plan, ctx.target, mode)
         if why is None:
             why = _inexact_body(body.jaxpr)
@@ -346,6 +376,13 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
         ctx.report.applied(PASS, eqn, after=("inlined",))
         return True
     return should
+
+
+def _scalarize_split(ctx, jaxpr, consts) -> tuple:
+    """scalarize's split of one level as its `run` makes it (static-gather calls inlined
+    first): (new jaxpr, changed)."""
+    return scalarize.scalarize_jaxpr(scalarize.inline_gather_calls(jaxpr), ctx,
+                                     ctx.options.scalarize, consts)
 
 
 def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:
@@ -400,7 +437,7 @@ def run(cj, ctx):
                     for i, _ in _walk.nested_eqns(j2))
         pending.clear()
         j3, unrolled = _walk.rewrite_eqns(j2, unroll) if loops else (j2, False)
-        if unrolled:
+        if unrolled and pending:   # (a carry split was asked of scalarize in the rule)
             why = _scalarize_verdict(ctx, j3, c.consts) if ask_scalarize else None
             for eqn, trips, summary, calls in pending:
                 name = eqn.primitive.name

@@ -112,7 +112,7 @@ SPECIALISE: dict[str, tuple[tuple[str, ...], Callable, bool]] = {
 }
 
 
-def _substitute(jaxpr, subs: dict, drop: bool):
+def substitute_invars(jaxpr, subs: dict, drop: bool):
     """`jaxpr` with body invars in `subs` (index -> literal) replaced; dropped when `drop`."""
     env = {jaxpr.invars[i]: lit for i, lit in subs.items()}
     eqns = []
@@ -277,7 +277,7 @@ class _Folder:
                             subs[p - off] = C.literal(C.literal_value(a), bv.aval)
                             drop_mask[p] = drop
                 if subs and not bj.effects:
-                    nj = _substitute(bj, subs, drop)
+                    nj = substitute_invars(bj, subs, drop)
                     nb = C.closed(nj, body.consts) if isinstance(body, C.ClosedJaxpr) else nj
                     nb, _ = self.jaxpr(nb)
                     any_change = True

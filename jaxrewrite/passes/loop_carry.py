@@ -1,0 +1,172 @@
+"""A loop's carry split along its small axes, the loop kept rolled (flatten's CPU form).
+
+Unrolling a loop lets scalarize split its body, but multiplies what XLA compiles by the trip
+count: on the CPU, where a rolled loop costs no launches, ChaCha20's `fori_loop` of 10 double
+rounds unrolled and split compiled 21-28x jax.jit's time. Here the loop stays a loop and its
+carry is carried as separate pieces, so each permutation in the body is renaming and XLA
+compiles the body once:
+
+    before:  _, s = scan[length=10, num_carry=2]{ (i, c:u32[N,4,4]) -> (i + 1, f(c)) } 0 x
+    after:   x0..x15 = pieces of x (slices)
+             _, s0..s15 = scan[length=10, num_carry=17]{
+                 (i, c0..c15:u32[N]) -> c = join(c0..c15) ; d = f(c) ; (i + 1, pieces of d) } 0 x0..x15
+             s = join(s0..s15)
+
+`join` is a stack (then reshape and transpose back) and `pieces of` are slices, so scalarize,
+which then splits the body level, sees the stack at the body's entry and the slices at its exit
+as renaming: the body computes on pieces from end to end. Whether it does is asked before
+anything changes (`split_loop` runs scalarize on the new body with a scratch report): a carry
+that the split body would still re-join each trip is not split (a stack per trip for nothing).
+
+A `while` that counts by 1 between literals (`fori_loop` whose bounds became literals) is
+re-emitted as a `scan` of its trip count: same body, same order, no condition to evaluate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _compat as C
+from .. import _walk
+from .._report import Report
+from . import fold
+
+
+def carry_axes(atom, max_axis: int, max_pieces: int) -> tuple:
+    """The small axes `atom` would be split along (() where it is not split): every axis of
+    2..max_axis elements, if their product is at most `max_pieces`."""
+    aval = C.aval_of(atom)
+    shape = getattr(aval, "shape", ())
+    axes = tuple(d for d, s in enumerate(shape) if 1 < s <= max_axis)
+    if not axes or math.prod(shape[d] for d in axes) > max_pieces:
+        return ()
+    return axes
+
+
+def _pieces(x, axes: tuple) -> list:
+    """x's pieces along `axes`, row-major over them: transpose them to the front, merge them,
+    slice each one out."""
+    if not axes:
+        return [x]
+    rest = tuple(d for d in range(x.ndim) if d not in axes)
+    y = lax.transpose(x, axes + rest) if axes + rest != tuple(range(x.ndim)) else x
+    y = y.reshape((-1,) + tuple(x.shape[d] for d in rest))
+    return [lax.index_in_dim(y, k, keepdims=False) for k in range(y.shape[0])]
+
+
+def _join(pieces: list, shape: tuple, axes: tuple):
+    """The inverse of `_pieces`: stack, un-merge, transpose back."""
+    if not axes:
+        return pieces[0]
+    rest = tuple(d for d in range(len(shape)) if d not in axes)
+    y = jnp.stack(pieces).reshape(tuple(shape[d] for d in axes) + tuple(shape[d] for d in rest))
+    perm = axes + rest
+    if perm == tuple(range(len(shape))):
+        return y
+    inverse = tuple(perm.index(d) for d in range(len(shape)))
+    return lax.transpose(y, inverse)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """A loop with a static trip count, as flatten reads it (`_scan_loop` / `_while_loop`)."""
+    trips: int
+    body: object           # ClosedJaxpr: consts + carry (+ x) -> carry (+ y)
+    consts: list
+    init: list
+    xs: list = dataclasses.field(default_factory=list)
+    reverse: bool = False
+    unroll: int = 1
+
+
+def _n_pieces(shape: tuple, axes: tuple) -> int:
+    return math.prod(shape[d] for d in axes) if axes else 1
+
+
+def emit(eqn, loop: Loop, layout: list) -> tuple[list, list, object]:
+    """(equations, results, the new scan equation) of `loop` with carry k carried as its pieces
+    along `layout[k]` (() = whole)."""
+    nk, nc = len(loop.init), len(loop.consts)
+    shapes = [tuple(C.aval_of(v).shape) for v in loop.init]
+
+    def regroup(flat):
+        out, i = [], 0
+        for shape, axes in zip(shapes, layout):
+            n = _n_pieces(shape, axes)
+            out.append(_join(list(flat[i:i + n]), shape, axes))
+            i += n
+        return out
+
+    def split(wholes):
+        return [p for v, axes in zip(wholes, layout) for p in _pieces(v, axes)]
+
+    # literal operands (constants fold made: a gather's indices) stay literals in the new body,
+    # where scalarize and gathers need to see them; the others are traced
+    atoms = [*loop.consts, *loop.init, *loop.xs]
+    traced = [a for a in atoms if not C.is_literal(a)]
+
+    def whole_loop(*vals):
+        it = iter(vals)
+        args = [np.asarray(C.literal_value(a)) if C.is_literal(a) else next(it) for a in atoms]
+        consts, init, xs = args[:nc], args[nc:nc + nk], args[nc + nk:]
+
+        def step(carry, x):
+            outs = C.eval_jaxpr(loop.body, *consts, *regroup(carry), *(x or ()))
+            return split(outs[:nk]), list(outs[nk:])
+
+        carry, ys = lax.scan(step, split(init), list(xs) if xs else None, length=loop.trips,
+                             reverse=loop.reverse, unroll=loop.unroll)
+        return regroup(carry) + list(ys)
+
+    em = _walk.Emitter(eqn)
+    outs = em.call(whole_loop, *traced)
+    (k,) = [i for i, e in enumerate(em.eqns) if e.primitive.name == "scan"]
+    # lax.scan hoists the body's constants (a gather's indices) into operands, which the
+    # Emitter made literals: substituted into the body, as fold's specialisation does, so the
+    # body's gathers are static where scalarize looks at them
+    scan = em.eqns[k]
+    body = scan.params["jaxpr"]
+    subs = {i: a for i, a in enumerate(scan.invars[:scan.params["num_consts"]])
+            if C.is_literal(a)}
+    if subs:
+        body = C.closed(fold.substitute_invars(body.jaxpr, subs, drop=False), body.consts)
+        scan = em.eqns[k] = scan.replace(params={**scan.params, "jaxpr": body})
+    return em.eqns, outs, scan
+
+
+def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_run):
+    """(Replacement, what was split) or (None, why not). `scalarize_run(ctx, jaxpr, consts)`:
+    scalarize's split of one level ((new jaxpr, changed)), asked with a scratch report."""
+    layout = [carry_axes(v, max_axis, max_pieces) if not C.is_literal(v) else ()
+              for v in loop.init]
+    if not any(layout):
+        return None, "no small axis in the carry"
+    eqns, outs, scan = emit(eqn, loop, layout)
+    body = scan.params["jaxpr"]
+    scratch = dataclasses.replace(ctx, report=Report())
+    split_body, changed = scalarize_run(scratch, body.jaxpr, body.consts)
+    if not changed:
+        reasons = [d.reason for d in scratch.report.declines]
+        return None, ("scalarize would not split the body ("
+                      f"{reasons[-1] if reasons else 'nothing to split'})")
+    # the carried pieces, as the new body receives them: a stack of them left in the split
+    # body is a re-join every trip
+    first = scan.params["num_consts"]
+    shapes = [tuple(C.aval_of(v).shape) for v in loop.init]
+    flags = [bool(axes) for shape, axes in zip(shapes, layout)
+             for _ in range(_n_pieces(shape, axes))]
+    pieces = {v for v, f in zip(body.jaxpr.invars[first:first + len(flags)], flags) if f}
+    rejoined = sum(1 for e in split_body.eqns if e.primitive.name == "stack"
+                   and any(not C.is_literal(a) and a in pieces for a in e.invars))
+    if rejoined:
+        return None, f"the split body would re-join carried pieces {rejoined} time(s) every trip"
+    n = sum(1 for axes in layout if axes)
+    total = sum(_n_pieces(s, axes) for s, axes in zip(shapes, layout) if axes)
+    after = len(split_body.eqns)
+    return _walk.Replacement(eqns, outs), (
+        f"{n} carried value(s) as {total} pieces; body {len(loop.body.jaxpr.eqns)} -> {after} "
+        f"equations, compiled once (unrolled: {loop.trips * after}, compile time)")
