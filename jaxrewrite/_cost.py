@@ -349,13 +349,25 @@ class LoopCosts:
     # the trip count (CPU, ChaCha20 fori_loop, 10 double rounds unrolled and split: compile
     # 21-28x jax.jit's, run 0.4-0.56x).
     split_carry: bool = False
+    # Fewest permutations (static gathers, revs, concatenates of slices) of carried data per trip
+    # for a carry to be split. XLA:CPU copies each carried piece every trip (the body reads it in several
+    # fusions while its buffer is rewritten: 16 copies and 16 fusions a trip for a 4x4 state,
+    # against jax.jit's one fusion, where a lone gather fuses into its consumer). Measured (CPU,
+    # paired run ratios vs jax.jit): one permutation per trip ran slower split (4x4 ARX state,
+    # 1-4 trips, 4,096-65,536 blocks: 1.5-6.8x; the seed program's inner function, 7 trips:
+    # 1.15-2.2x); two or more ran faster (8 words, a permutation and its inverse: 0.27-0.39x;
+    # ChaCha20, diagonals and back: 0.16x; 4x4 quarter rounds with a message: 0.31x). A gather
+    # of a loop-invariant message does not count: 4x4 state, one permutation and a message
+    # gather per trip ran 1.2-1.75x split.
+    min_body_permutations: int = 0
 
 
 LOOP_COSTS: dict[str, LoopCosts] = {
     # CPU: ChaCha20 (bench/permutations.py, 65,536 blocks): the fori_loop form unrolled and split
     # ran 1.00x the hand-written 16-word form (rolled, as jax.jit: 1.68x); a rolled loop costs
     # no launches there, so only a split pays for the compile time unrolling adds.
-    "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True),
+    "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True,
+                     min_body_permutations=2),
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.
@@ -380,6 +392,7 @@ class LoopPlan:
     piece_elements: int = 0  # the biggest piece a split of those axes could make
     splits: bool = True    # whether scalarize runs (the `scalarize` option)
     moves: bool = True     # the body moves data (a re-join included) along a small carry axis
+    body_permutations: int = 0  # equations of the body that reorder carried data
 
 
 def unroll_decision(plan: LoopPlan, target: str | None, mode) -> tuple[str | None, str]:

@@ -132,21 +132,22 @@ def _carried_pieces(scan, shape):
 @pytest.mark.parametrize("kind", ["fori", "scan"])
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_seed_inner_fn_in_loop(perm, kind, target):
-    """GPU: unrolled (launches decide). CPU: kept rolled, its (4096, 4, 4) carry carried as 16
-    words, so the body computes on words: no gather, each trip's muls once per word."""
+    """GPU: unrolled (launches decide). CPU: one permutation per trip, which XLA fuses into its
+    consumer in the rolled loop: kept as it is, with the reason (a split carry ran 1.2-2.2x
+    slower: `_cost.LoopCosts.min_body_permutations`)."""
     ms = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (4096, 4, 4), np.uint32))
     f = seed_loop(perm, kind)
     cj = assert_equivalent(f, ms, vmap=False, target=target)   # default options, bit for bit
     counts = primitive_counts(cj)
-    for prim in ("gather", "while", "jit"):
-        assert prim not in counts, (prim, counts)
     if target == "gpu":
-        assert "scan" not in counts
+        for prim in ("gather", "while", "jit", "scan"):
+            assert prim not in counts, (prim, counts)
         assert counts["mul"] == 7 * 3 * 4        # split: 4 words x 3 muls x 7 trips
     else:
-        (scan,) = _scans(cj)
-        assert scan.params["length"] == 7 and _carried_pieces(scan, (4096,)) == 16
-        assert counts["mul"] == 3 * 4            # one trip's body, on words
+        assert counts["scan"] == 1 and counts.get("gather", 0) <= 1
+        res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(ms), target="cpu")
+        assert any(e.pass_name == "flatten" and "permutation(s) per trip" in e.reason
+                   for e in res.report.declines)
     if target == "cpu":
         # with no permutation at all there is nothing to make renaming: loop and call stay
         none = primitive_counts(jaxrewrite.rewrite_jaxpr(
@@ -176,16 +177,16 @@ def test_cpu_chacha_fori_carry_split_compiles_the_body_once():
 def test_cpu_carry_not_split_where_the_body_needs_it_whole():
     """A body that reduces the whole state each trip would re-join the pieces every trip: the
     carry is not split, the loop stays as it was, and the decline says why."""
-    perm = np.array([1, 2, 3, 0])
+    p1, p2 = np.array([1, 2, 3, 0]), np.array([2, 0, 3, 1])
 
     def f(x):
-        return lax.fori_loop(0, 4, lambda i, x: x[:, perm] ^ (x >> jnp.uint32(3))
+        return lax.fori_loop(0, 4, lambda i, x: x[:, p1] ^ (x[:, p2] >> jnp.uint32(3))
                              ^ x.sum(axis=1, keepdims=True), x)
 
     x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (4096, 4), np.uint32))
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), target="cpu")
     counts = primitive_counts(res.jaxpr)
-    assert counts["scan"] == 1 and counts["gather"] == 1
+    assert counts["scan"] == 1
     why = [e.reason for e in res.report.declines if e.pass_name == "flatten"]
     assert why and all("carry not split" in w and "re-join" in w for w in why)
     assert_equivalent(f, x, vmap=False)
@@ -194,11 +195,11 @@ def test_cpu_carry_not_split_where_the_body_needs_it_whole():
 def test_while_fori_loop_with_folded_bound():
     """`fori_loop` with a traced bound lowers to `while`; once fold makes the bound a literal,
     the loop has a static trip count and is unrolled like a scan."""
-    perm = np.array([1, 2, 3, 0])
+    perm, p2 = np.array([1, 2, 3, 0]), np.array([2, 0, 3, 1])
 
     def f(x):
         n = jnp.int32(3) + 4
-        return lax.fori_loop(0, n, lambda i, x: (x[:, perm] ^ (x << jnp.uint32(1)))
+        return lax.fori_loop(0, n, lambda i, x: (x[:, perm] ^ (x[:, p2] << jnp.uint32(1)))
                              + i.astype(jnp.uint32), x)
 
     x = jnp.asarray(np.random.default_rng(3).integers(0, 2**32, (4096, 4), np.uint32))
@@ -289,9 +290,10 @@ def test_explain_shows_the_unroll_estimate():
     assert "launches/call rolled" in unrolled[0]["after"][0]
     assert "equations (compile time)" in unrolled[0]["after"][0]
     assert "launches/call rolled" in str(e)
-    # the CPU keeps it rolled: the estimate is the body's size, compiled once
-    e = jaxrewrite.explain(seed_loop("take", "fori"), target="cpu")(x)
-    (split,) = [r for r in e.to_dict()["rewrites"] if r["pass_name"] == "flatten"]
+    # the CPU keeps ChaCha20's loop rolled: the estimate is the body's size, compiled once
+    e = jaxrewrite.explain(jax.vmap(block_fori), target="cpu")(x)
+    (split,) = [r for r in e.to_dict()["rewrites"]
+                if r["pass_name"] == "flatten" and tuple(r["before"]) == ("scan",)]
     assert "carry split" in split["after"][0] and "compiled once" in str(e)
 
 

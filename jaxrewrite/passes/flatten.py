@@ -269,8 +269,26 @@ def _unroll(eqn, trips, body, consts, init, xs=(), reverse=False):
     return em.eqns, carry + stacked
 
 
+def _carry_permutations(eqn, body) -> int:
+    """How many equations of a loop body reorder data computed from the carry (a gather of a
+    loop-invariant table is computed the same way every trip, whatever happens to the carry)."""
+    p = eqn.params
+    first = p["num_consts"] if eqn.primitive.name == "scan" else p["body_nconsts"]
+    count = p["num_carry"] if eqn.primitive.name == "scan" else len(body.invars) - first
+    reach = set(body.invars[first:first + count])
+    producer = {v: q for q in body.eqns for v in q.outvars}
+    n = 0
+    for e in body.eqns:
+        if not any(not C.is_literal(a) and a in reach for a in e.invars):
+            continue
+        reach.update(e.outvars)
+        n += e.primitive.name in MOVERS and _permutes(e, producer)
+    return n
+
+
 def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
     movers = sum(1 for e in body.jaxpr.eqns if e.primitive.name in MOVERS)
+    permutations = _carry_permutations(eqn, body.jaxpr)
     carried = eqn.params.get("num_carry")
     carry = eqn.outvars[:carried] if carried is not None else eqn.outvars
     small = any(_small_axis(v, max_axis) for v in carry if not C.is_dropvar(v))
@@ -278,7 +296,8 @@ def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
     return _cost.LoopPlan(trips=trips, body_eqns=len(body.jaxpr.eqns), body_movers=movers,
                           permutes=piece > 0, piece_elements=piece, splits=ctx.options.scalarize
                           not in (False, None),
-                          moves=small and piece_of(body, False) > 0)
+                          moves=small and piece_of(body, False) > 0,
+                          body_permutations=permutations)
 
 
 def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
@@ -286,7 +305,8 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict.
     Where the target splits carries instead (`_cost.LoopCosts.split_carry`, CPU, `"auto"`), the
     replacement is the rolled loop with its carry split (`loop_carry`), or None."""
-    split_carry = _cost.loop_costs(ctx.target).split_carry and mode == "auto"
+    lc = _cost.loop_costs(ctx.target)
+    split_carry = lc.split_carry and mode == "auto"
     max_pieces = _cost.costs(ctx.target).max_pieces
     min_piece = _cost.costs(ctx.target).min_piece_elements
 
@@ -315,6 +335,10 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
             why = _inexact_body(body.jaxpr, integers_exact=True)
+            if why is None and plan.body_permutations < lc.min_body_permutations:
+                why = (f"{plan.body_permutations} permutation(s) per trip (minimum "
+                       f"{lc.min_body_permutations}): a lone permutation fuses into its "
+                       f"consumer in the rolled loop, and split pieces are copied every trip")
             if why is None and plan.piece_elements < min_piece:
                 # (asked before the new body is traced: the common case of small batches)
                 why = (f"pieces of at most {plan.piece_elements} elements would not be split "
