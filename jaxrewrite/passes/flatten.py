@@ -33,10 +33,13 @@ stays a re-join. This pass removes those boundaries where the cost model says so
        after:   s1 = f(x) ; s = f(s1)           (i folded away by fold)
 
    xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
-   On the CPU (`"auto"`), where a rolled loop costs no launches, scalarize's verdict on the
-   unrolled level is asked first (`_scalarize_verdict`): unrolled but not split, a loop only
-   costs compile and run time (a 4x4 ARX round, 2 trips: 2.3x jax.jit's run), so it stays
-   rolled, with scalarize's reason.
+
+3. Split the carry (CPU, `"auto"`: `_cost.LoopCosts.split_carry`): a rolled loop costs no
+   launches there, and unrolling multiplies what XLA compiles by the trip count, so the loop
+   stays rolled and its carry is carried as pieces (`loop_carry.py`), where each trip permutes
+   carried data at least twice (`min_body_permutations`) and scalarize would split the new body
+   with no re-join of the carry (asked first, with a scratch report). Otherwise it stays as it
+   was, with the reason.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
@@ -423,8 +426,9 @@ def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:
 
 
 def run(cj, ctx):
-    """Inline small re-joining calls and unroll small static loops whose small axes are
-    permuted, innermost first. Nothing else changes."""
+    """Inline small re-joining calls, and unroll small static loops whose small axes are
+    permuted (or, where the target splits carries, split their carry), innermost first.
+    Nothing else changes."""
     mode = ctx.options.flatten
     if mode is False or mode is None:
         return cj, False
@@ -432,7 +436,8 @@ def run(cj, ctx):
     max_axis = _cost.costs(ctx.target).max_axis
     stats: list = []
     pieces: dict = {}
-    # CPU: a rolled loop costs no launches, so an unrolled one must be split to pay
+    # a target that neither splits carries nor counts launches (no row today): an unrolled
+    # loop must be split to pay
     ask_scalarize = not lc.launches_decide and mode == "auto"
 
     def piece_of(j, permuting: bool) -> int:
