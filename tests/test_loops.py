@@ -158,8 +158,9 @@ def test_seed_inner_fn_in_loop(perm, kind, target):
 def test_cpu_chacha_fori_carry_split_compiles_the_body_once():
     """ChaCha20's fori_loop on the CPU: not unrolled (10x the compile for no launch saved) but
     rolled with its state carried as 16 words; the jitted quarter-rounds inlined, the diagonal
-    permutations renaming; the estimate in the report; bit for bit at 4,096 blocks."""
-    keys = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (4096, 4, 4), np.uint32))
+    permutations renaming; the estimate in the report; bit for bit at 4,096 blocks, block 0 the
+    RFC 8439 2.3.2 vector."""
+    keys = P._blocks(4096)
     f = jax.vmap(block_fori)
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(keys), target="cpu")
     counts = primitive_counts(res.jaxpr)
@@ -170,8 +171,9 @@ def test_cpu_chacha_fori_carry_split_compiles_the_body_once():
     assert counts["add"] == 2 * 16 + 2           # one double round on words, + x, + the counter
     (ev,) = [e for e in res.report.rewrites if e.pass_name == "flatten" and e.before == ("scan",)]
     assert "carry split" in ev.after[0] and "compiled once" in ev.after[0]
-    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f)(keys)),
-                                  np.asarray(jax.jit(f)(keys)))
+    got = np.asarray(jaxrewrite.optimize(f)(keys))
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(keys)))
+    np.testing.assert_array_equal(got[0], P.RFC_OUT)
 
 
 def test_cpu_carry_not_split_where_the_body_needs_it_whole():
@@ -227,6 +229,30 @@ def test_scan_with_xs_ys_and_reverse():
     xs = jnp.asarray(rng.integers(0, 2**32, (5, 64, 4), np.uint32))
     counts = primitive_counts(assert_equivalent(f, x, xs, target="gpu", vmap=False))
     assert "scan" not in counts and "gather" not in counts
+
+
+def test_cpu_carry_split_scan_with_xs_ys_reverse_and_two_carries():
+    """CPU carry split of a reversed scan with xs and ys and two carried values, one of them
+    without a small axis (carried whole): bit for bit, the scan kept with its split carry."""
+    p1, p2 = np.array([3, 0, 1, 2]), np.array([1, 3, 0, 2])
+
+    def f(x, acc, xs):
+        def body(c, xt):
+            s, a = c
+            s = (s[:, p1] + xt) ^ (s[:, p2] >> jnp.uint32(7))
+            a = a + s[:, 0]
+            return (s, a), s[:, 3] * jnp.uint32(3)   # (a piece: no re-join per trip)
+        return lax.scan(body, (x, acc), xs, reverse=True)
+
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.integers(0, 2**32, (4096, 4), np.uint32))
+    acc = jnp.asarray(rng.integers(0, 2**32, (4096,), np.uint32))
+    xs = jnp.asarray(rng.integers(0, 2**32, (5, 4096, 4), np.uint32))
+    cj = assert_equivalent(f, x, acc, xs, vmap=False)
+    (scan,) = _scans(cj)
+    assert scan.params["reverse"] and scan.params["length"] == 5
+    assert _carried_pieces(scan, (4096,)) == 4 + 1       # 4 words, and the whole accumulator
+    assert "gather" not in primitive_counts(cj)
 
 
 def test_float_movement_loop_gradients():
