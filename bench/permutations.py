@@ -1,6 +1,6 @@
 """Static permutations (issue 5): ChaCha20 and the seed program in every form, jax.jit vs optimize.
 
-    python bench/permutations.py [--quick]
+    python bench/permutations.py [--quick] [--loops]    # --loops: the issue-12 rows only
     JAX_PLATFORMS=cpu .venv-gpu/bin/python bench/permutations.py   # + H200 kernels (gpu-aot)
 
 1. The ChaCha20 block function (RFC 8439): a 4x4 uint32 state, quarter-rounds on the columns of
@@ -344,9 +344,29 @@ def rounds_loop(colfn, perm, kind: str):
     return rounds
 
 
+def chacha_loops(quick: bool) -> list[dict]:
+    """Only the issue-12 rows: the author's loop forms against the hand-written 16-word form
+    (`--loops`: a few minutes on the CPU, where the full table takes much longer)."""
+    n = 4096 if quick else 65536
+    x = _blocks(n)
+    ref = np.asarray(jax.jit(jax.vmap(chacha_words))(x))
+    variants = {"words": lambda: jax.jit(jax.vmap(chacha_words)),
+                "fori": lambda: jax.jit(jax.vmap(chacha_loop("fori")))}
+    gpu = {}
+    for kind in LOOP_FORMS:
+        variants[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)))
+        gpu[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)),
+                                                                     target="gpu")
+    return _table("chacha20", variants, x, "words", ref, 3 if quick else 9, gpu,
+                  compile_repeats=1 if quick else 5)
+
+
 def main(quick: bool = False) -> list[dict]:
     return chacha(quick) + seed(quick)
 
 
 if __name__ == "__main__":
-    _common.cli(NAME, main, COLUMNS)
+    if "--loops" in sys.argv[1:]:
+        _common.cli(NAME + "_loops", chacha_loops, COLUMNS)
+    else:
+        _common.cli(NAME, main, COLUMNS)

@@ -389,12 +389,18 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
                 _small_axis(v, max_axis) for v in (*eqn.invars, *eqn.outvars)
                 if not C.is_literal(v) and not C.is_dropvar(v)):
             return False
+        if mode == "auto" and not splits:
+            return False        # nothing scalarize would split: the call stays (lowered once)
         body = eqn.params["jaxpr"]
         if piece_of(body, True):
             return False        # it reorders: scalarize's to inline where it splits
-        piece = min(level_piece(), piece_of(body, False))
-        if piece == 0 or (mode == "auto" and (not splits or piece < min_piece)):
-            return False        # nothing scalarize would split: the call stays (lowered once)
+        # the body's piece first: the calling level's (a walk of the whole level) only if needed
+        piece = piece_of(body, False)
+        if piece == 0 or (mode == "auto" and piece < min_piece):
+            return False
+        piece = min(piece, level_piece())
+        if piece == 0 or (mode == "auto" and piece < min_piece):
+            return False
         n = _walk.count_eqns(body)
         if n > max_eqns:
             ctx.report.declined(PASS, eqn, f"call of {n} equations not inlined "
@@ -436,8 +442,8 @@ def run(cj, ctx):
     max_axis = _cost.costs(ctx.target).max_axis
     stats: list = []
     pieces: dict = {}
-    # a target that neither splits carries nor counts launches (no row today): an unrolled
-    # loop must be split to pay
+    # where launches do not decide and carries are not split (a row with `split_carry` off),
+    # an unrolled loop must be split to pay
     ask_scalarize = not lc.launches_decide and mode == "auto"
 
     def piece_of(j, permuting: bool) -> int:
