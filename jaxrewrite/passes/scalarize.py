@@ -901,9 +901,10 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         if reason is not None:
             ctx.report.declined(PASS, first, reason)
             return jaxpr, False
+    summary = model.summary if model is not None else ""   # (empty: no re-join to model)
     ctx.report.applied(PASS, list(jaxpr.eqns[:1]), n=an.plan.movers_removed,
-                       after=("renaming",) + ((f"({model.summary})",) if model else ()))
-    if model is not None:
+                       after=("renaming",) + ((f"({model.summary})",) if summary else ()))
+    if summary:
         ctx.report.stats.setdefault(f"{PASS}.fused_code", []).append(model.summary)
     ctx.report.count(f"{PASS}.joins", joins)
     if cuts:
