@@ -37,7 +37,8 @@ sys.path.insert(0, HERE)
 import _common  # noqa: E402
 
 KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
-_NOT_BENCHES = {"run"}
+# (never_worse: a tool for one generated program at a time, with no table of its own)
+_NOT_BENCHES = {"run", "never_worse"}
 
 
 def discover(only: list[str] | None) -> list[str]:
