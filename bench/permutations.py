@@ -256,6 +256,15 @@ def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
     return rows
 
 
+def _add_loop_forms(variants: dict, gpu: dict) -> None:
+    """Issue 12's rows: the author's block function, loop as `fori_loop`, `scan` or Python loop,
+    through `optimize` (the CPU's cost model; `gpu`: the GPU's, for the H200 compile)."""
+    for kind in LOOP_FORMS:
+        variants[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)))
+        gpu[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)),
+                                                                     target="gpu")
+
+
 def chacha(quick: bool) -> list[dict]:
     n = 4096 if quick else 65536
     x = _blocks(n)
@@ -276,10 +285,7 @@ def chacha(quick: bool) -> list[dict]:
         trips[name] = -(-ROUNDS // u)
     # issue 12: jitted helpers and a loop; rolled under jax.jit, flattened by optimize
     variants["fori"] = lambda: jax.jit(jax.vmap(chacha_loop("fori")))
-    for kind in LOOP_FORMS:
-        variants[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)))
-        gpu[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)),
-                                                                     target="gpu")
+    _add_loop_forms(variants, gpu)
     if quick:  # the slow-to-compile forms are left to the full run
         variants = {k: v for k, v in variants.items()
                     if k in ("take", "words", "take+optimize", "take+optimize(reroll)", "fori",
@@ -353,10 +359,7 @@ def chacha_loops(quick: bool) -> list[dict]:
     variants = {"words": lambda: jax.jit(jax.vmap(chacha_words)),
                 "fori": lambda: jax.jit(jax.vmap(chacha_loop("fori")))}
     gpu = {}
-    for kind in LOOP_FORMS:
-        variants[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)))
-        gpu[f"{kind}+optimize"] = lambda k=kind: jaxrewrite.optimize(jax.vmap(chacha_loop(k)),
-                                                                     target="gpu")
+    _add_loop_forms(variants, gpu)
     return _table("chacha20", variants, x, "words", ref, 3 if quick else 9, gpu,
                   compile_repeats=1 if quick else 5)
 

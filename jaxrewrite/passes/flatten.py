@@ -396,9 +396,8 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
             return False        # it reorders: scalarize's to inline where it splits
         # the body's piece first: the calling level's (a walk of the whole level) only if needed
         piece = piece_of(body, False)
-        if piece == 0 or (mode == "auto" and piece < min_piece):
-            return False
-        piece = min(piece, level_piece())
+        if piece and not (mode == "auto" and piece < min_piece):
+            piece = min(piece, level_piece())
         if piece == 0 or (mode == "auto" and piece < min_piece):
             return False
         n = _walk.count_eqns(body)
@@ -413,22 +412,20 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
 
 def _scalarize_split(ctx, jaxpr, consts) -> tuple:
     """scalarize's split of one level as its `run` makes it (static-gather calls inlined
-    first): (new jaxpr, changed)."""
-    return scalarize.scalarize_jaxpr(scalarize.inline_gather_calls(jaxpr), ctx,
-                                     ctx.options.scalarize, consts)
+    first), asked with a scratch report (the real one records what scalarize does when the
+    pipeline runs it): (the split level, None), or (None, scalarize's reason)."""
+    scratch = dataclasses.replace(ctx, report=Report())
+    j, split = scalarize.scalarize_jaxpr(scalarize.inline_gather_calls(jaxpr), scratch,
+                                         ctx.options.scalarize, consts)
+    if split:
+        return j, None
+    reasons = [d.reason for d in scratch.report.declines]
+    return None, reasons[-1] if reasons else "nothing to split"
 
 
 def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:
-    """None where scalarize would split this level (as its `run` does: static-gather calls
-    inlined first), else its reason. Asked with a scratch report: the real one records what
-    scalarize does when the pipeline runs it."""
-    scratch = dataclasses.replace(ctx, report=Report())
-    j = scalarize.inline_gather_calls(jaxpr)
-    _, split = scalarize.scalarize_jaxpr(j, scratch, ctx.options.scalarize, consts)
-    if split:
-        return None
-    reasons = [d.reason for d in scratch.report.declines]
-    return reasons[-1] if reasons else "nothing to split"
+    """None where scalarize would split this level, else its reason."""
+    return _scalarize_split(ctx, jaxpr, consts)[1]
 
 
 def run(cj, ctx):

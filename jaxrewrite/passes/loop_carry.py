@@ -32,7 +32,6 @@ from jax import lax
 
 from .. import _compat as C
 from .. import _walk
-from .._report import Report
 from . import fold
 
 
@@ -138,21 +137,19 @@ def emit(eqn, loop: Loop, layout: list) -> tuple[list, list, object]:
     return em.eqns, outs, scan
 
 
-def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_run):
-    """(Replacement, what was split) or (None, why not). `scalarize_run(ctx, jaxpr, consts)`:
-    scalarize's split of one level ((new jaxpr, changed)), asked with a scratch report."""
+def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_split):
+    """(Replacement, what was split) or (None, why not). `scalarize_split(ctx, jaxpr, consts)`:
+    scalarize's split of one level, asked without recording it ((split level, None) or
+    (None, its reason))."""
     layout = [carry_axes(v, max_axis, max_pieces) if not C.is_literal(v) else ()
               for v in loop.init]
     if not any(layout):
         return None, "no small axis in the carry"
     eqns, outs, scan = emit(eqn, loop, layout)
     body = scan.params["jaxpr"]
-    scratch = dataclasses.replace(ctx, report=Report())
-    split_body, changed = scalarize_run(scratch, body.jaxpr, body.consts)
-    if not changed:
-        reasons = [d.reason for d in scratch.report.declines]
-        return None, ("scalarize would not split the body ("
-                      f"{reasons[-1] if reasons else 'nothing to split'})")
+    split_body, why = scalarize_split(ctx, body.jaxpr, body.consts)
+    if split_body is None:
+        return None, f"scalarize would not split the body ({why})"
     # the carried pieces, as the new body receives them: a stack of them left in the split
     # body is a re-join every trip
     first = scan.params["num_consts"]
