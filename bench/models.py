@@ -14,7 +14,11 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 * `max_rel_diff`: largest difference of the updated parameters after one step, relative to
   each leaf's largest magnitude.
 
-    python bench/models.py [--quick] [--layers 16,32] [--models nnx,linen] [--repeats 5]
+    python bench/models.py [--quick] [--layers 16,32] [--models nnx,linen] [--repeats 5] [--autotune]
+
+`--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
+to compile and no slower to run (`_cost.REROLL_TIMED`); the measuring (both programs compiled
+once) happens in the first rewrite, which `rewrite_s` then includes, against a fresh cache.
 
 Needs the `models` extra (`pip install -e ".[models]"`); without it `main` returns no rows and
 says why (CI's quick bench runs in an environment without these libraries).
@@ -22,6 +26,7 @@ says why (CI's quick bench runs in an environment without these libraries).
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -261,7 +266,7 @@ def loss_curves(model: str, n: int, steps: int = 100, **options):
     return out[0], out[1]
 
 
-def main(quick: bool = False, layers=None, models=None, repeats=None) -> list[dict]:
+def main(quick: bool = False, layers=None, models=None, repeats=None, **options) -> list[dict]:
     models = [m for m in (models or MODELS)]
     absent = {m: missing(m) for m in models}
     if all(absent.values()):
@@ -276,7 +281,7 @@ def main(quick: bool = False, layers=None, models=None, repeats=None) -> list[di
             print(f"models: {m} skipped (missing {absent[m]})")
             continue
         for n in layers:
-            r = row(m, n, repeats)
+            r = row(m, n, repeats, **options)
             print(r, flush=True)
             rows.append(r)
     return rows
@@ -290,9 +295,13 @@ if __name__ == "__main__":
         return conv(argv[argv.index(name) + 1]) if name in argv else default
 
     quick = "--quick" in sys.argv[1:]
+    options = {"autotune": "time"} if "--autotune" in sys.argv[1:] else {}
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
     models = _arg("--models", lambda s: s.split(","))
     repeats = _arg("--repeats", int)
-    rows = main(quick, layers, models, repeats)
+    if "--autotune" in sys.argv[1:]:
+        import tempfile
+        os.environ["JAXREWRITE_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrewrite-models-")
+    rows = main(quick, layers, models, repeats, **options)
     print(markdown_table(rows, COLUMNS))
-    print(f"\nwritten {write_results(NAME, rows, dict(quick=quick, layers=layers, repeats=repeats))}")
+    print(f"\nwritten {write_results(NAME, rows, dict(quick=quick, layers=layers, repeats=repeats, **options))}")

@@ -8,6 +8,8 @@ choice on disk.
 |            | `_cost.TargetCosts` row says how counts and the model combine (`pick_by_counts`) |
 | "time"     | as True, then run both forms on the local device (paired medians): the faster   |
 |            | wins. Timings are noisy, so two processes may choose differently: opt-in only.  |
+|            | `reroll` is decided only here, by compile and run time (`choose_timed`): what   |
+|            | it changes is compile time, which counts do not predict.                        |
 
 Counts come from a deterministic compile, so every process of a multi-host run makes the same
 choice (and reads the same cache entry). Compiling happens on the real backend when the target
@@ -207,6 +209,47 @@ def paired_times(a, cj_a, b, cj_b, reps: int = 5) -> tuple[float, float]:
         ta.append(run_time(a, cj_a, 1))
         tb.append(run_time(b, cj_b, 1))
     return statistics.median(ta), statistics.median(tb)
+
+
+def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = ()
+                 ) -> tuple[bool, str]:
+    """Whether to keep `candidate` for `original` (both whole programs, ClosedJaxprs), by
+    compiling each once on the local backend (lower + compile seconds) and running them paired:
+    `_cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be compiled
+    here, the candidate is kept (the pass's own cost model has already decided)."""
+    import jax
+    from . import _cost
+    report, target = ctx.report, ctx.target
+    try:
+        key = digest(original, pass_name, target, "time", key_extra, jax.__version__)
+    except Unstable:
+        key = None
+    rec = lookup(key) if key else None
+    if rec is not None:
+        report.count("autotune.cached")
+        return rec["split"], f"autotune (cached): {rec.get('why', '')}"
+    how, how_why = compiler_for(target)
+    if how != "local":
+        report.count("autotune.model_only")
+        return True, f"autotune: not measured ({how_why})"
+    try:
+        seconds = []
+        for cj in (original, candidate):
+            t = time.perf_counter()
+            compiled = compile_form(cj, how)
+            seconds.append((time.perf_counter() - t, compiled))
+        (c0, a), (c1, b) = seconds
+        r0, r1 = paired_times(a, original, b, candidate)
+    except Exception as e:  # noqa: BLE001 - a form XLA rejects or zeros cannot run: kept, uncached
+        report.count("autotune.compile_failed")
+        return True, f"autotune: not measured ({type(e).__name__})"
+    report.count("autotune.compiles", 2)
+    go, why = _cost.reroll_measured(c1 / c0, r1 / max(r0, 1e-9), target)
+    why += f" (compile {c0:.2f} -> {c1:.2f} s)"
+    if key:
+        store(key, {"split": go, "why": why, "compile_s": [c0, c1], "run_s": [r0, r1],
+                    "target": target})
+    return go, f"autotune: {why}"
 
 
 def closed_level(jaxpr, consts) -> C.ClosedJaxpr:

@@ -453,3 +453,28 @@ REROLL_BACKWARD = {
 def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
     """None when a rolled chain's backward pass may be rolled too on `target`, else why not."""
     return REROLL_BACKWARD.get(target or "cpu", REROLL_BACKWARD["cpu"])[has_contraction]
+
+
+# What a rolled program must measure, against the program it came from, to be kept when
+# `reroll` is autotuned by time (`autotune="time"`, `_autotune.choose_timed`): (most compile
+# time, most run time), each a ratio. The jaxpr does not say which programs win: XLA:CPU fuses
+# an unrolled backward pass across layers where its layer norms' cotangents form one elementwise
+# chain (Haiku, Equinox, bench/dedup.py's stack: fusions of 866-1,196 instructions at 16 layers,
+# 51-60k fused instructions) and does not in Flax's (10.8-11.8k, at most 51), so rolling wins
+# 0.36-0.42x compile and 0.68-0.78x run on the first three and loses 1.5x compile and
+# 1.04-1.17x run on Flax's (bench/models.py, 16 layers, CPU). Counts do not tell them apart
+# either (rolled Flax: 2.4x fewer fusions, 3.6x more LLVM-compiled kernel IR), so the choice is
+# measured. The compile bound is the issue's win at 16 layers; the run bound its budget.
+REROLL_TIMED = {"cpu": (0.8, 1.05)}
+
+
+def reroll_measured(compile_ratio: float, run_ratio: float, target: str | None
+                    ) -> tuple[bool, str]:
+    """(keep the rolled program?, why) from its measured compile and run time ratios."""
+    most_compile, most_run = REROLL_TIMED.get(target or "cpu", REROLL_TIMED["cpu"])
+    measured = f"rolled: compile {compile_ratio:.2f}x, run {run_ratio:.2f}x the unrolled program's"
+    if compile_ratio > most_compile:
+        return False, f"{measured}; rolling must compile in at most {most_compile:g}x"
+    if run_ratio > most_run:
+        return False, f"{measured}; rolling may run at most {most_run:g}x"
+    return True, measured

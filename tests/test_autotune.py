@@ -152,3 +152,72 @@ def test_cpu_split_records_its_trade():
     (note,) = res.report.stats["scalarize.trades"]
     assert note.startswith("CPU: splitting trades compile time")
     assert res.report.counts["scalarize.fusion_trade"] >= 1
+
+
+# --- reroll, decided by measured compile and run time (autotune="time") -------------------------
+
+def _layer(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _chain(ws, x):
+    for w in ws:
+        x = jax.jit(_layer)(w, x)
+    return (x * x).sum()
+
+
+WS = [jnp.asarray(np.random.default_rng(k).normal(size=(8, 8)), jnp.float32) for k in range(4)]
+XS = jnp.ones((4, 8), jnp.float32)
+
+
+def _scans(cj):
+    return primitive_counts(cj).get("scan", 0)
+
+
+def test_reroll_measured_rows():
+    from jaxrewrite import _cost
+    most_compile, most_run = _cost.REROLL_TIMED["cpu"]
+    assert _cost.reroll_measured(0.5, 1.0, "cpu")[0] is True
+    go, why = _cost.reroll_measured(most_compile + 0.1, 0.9, "cpu")
+    assert go is False and "compile" in why
+    go, why = _cost.reroll_measured(0.5, most_run + 0.1, "cpu")
+    assert go is False and "run" in why
+
+
+def test_reroll_declined_where_rolling_measured_slower(cache_dir, monkeypatch):
+    from jaxrewrite import _cost
+    monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (0.0, 0.0))     # nothing can win
+    cj = jax.make_jaxpr(_chain)(WS, XS)
+    before = _autotune.COMPILES
+    res = rewrite_jaxpr_with_report(cj, reroll=True, autotune="time", target="cpu")
+    assert _autotune.COMPILES == before + 2                 # the unrolled and the rolled program
+    assert _scans(res.jaxpr) == 0
+    assert res.report.counts["reroll.declined_measured"] == 1
+    assert not res.report.stats.get("reroll.lengths")      # the rolling it measured is taken back
+    assert not [e for e in res.report.rewrites if e.pass_name == "reroll"]
+    (why,) = [d.reason for d in res.report.declines if "rolling must compile" in (d.reason or "")]
+    assert why.startswith("autotune: rolled: compile")
+    (rec,) = _entries(cache_dir).values()
+    assert rec["split"] is False and len(rec["compile_s"]) == 2 and len(rec["run_s"]) == 2
+    np.testing.assert_array_equal(jaxrewrite.optimize(_chain, reroll=True, autotune="time")(WS, XS),
+                                  jax.jit(_chain)(WS, XS))
+
+
+def test_reroll_kept_where_measured_faster_and_the_choice_cached(cache_dir, monkeypatch):
+    from jaxrewrite import _cost
+    monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (float("inf"), float("inf")))
+    cj = jax.make_jaxpr(_chain)(WS, XS)
+    res = rewrite_jaxpr_with_report(cj, reroll=True, autotune="time", target="cpu")
+    assert _scans(res.jaxpr) == 1 and res.report.stats["reroll.lengths"] == [4]
+    # a second rewrite (or a fresh process) reads the choice: nothing compiled
+    before = _autotune.COMPILES
+    again = rewrite_jaxpr_with_report(cj, reroll=True, autotune="time", target="cpu")
+    assert _autotune.COMPILES == before and _scans(again.jaxpr) == 1
+    assert any(c.startswith("autotune (cached)") for c in again.report.stats["autotune.choices"])
+
+
+def test_reroll_not_measured_without_time_mode(cache_dir):
+    before = _autotune.COMPILES
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(_chain)(WS, XS), reroll=True, autotune=True,
+                                    target="cpu")
+    assert _autotune.COMPILES == before and _scans(res.jaxpr) == 1

@@ -44,17 +44,25 @@ exactly the ys of a chain rolled before it (in order, or in reverse: a backward 
 forward residuals), the scan reads those ys directly (`reverse=True` for the reverse order)
 instead of stacking a copy.
 
+Whether rolling pays is decided per target by `_cost`: without a contraction only the forward
+is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
+step wins where XLA fuses the unrolled backward pass across layers and loses where it does not
+(`_cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both ways
+once (`_autotune.choose_timed`, cached on disk) and the rolled one is kept only where it wins.
+
 Tolerance: the scan computes the same operations in the same order; XLA may fuse a loop body
 differently from an unrolled program, so float results can differ in the last bits (measured
 in `bench/dedup.py`; the tests use rtol 1e-5 for float32). Integer programs are exact.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 
 import numpy as np
 
+from .. import _autotune
 from .. import _compat as C
 from .. import _cost
 from .. import _exact
@@ -91,7 +99,23 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     if min_len is None:
         return cj, False
     keyer = Keyer()
+    report = ctx.report
+    before = (len(report.rewrites), collections.Counter(report.counts),
+              list(report.stats.get("reroll.lengths", [])))
     out, rolled = _walk.map_levels(cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx))
+    if rolled and ctx.options.autotune == "time":
+        # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
+        # show (`_cost.REROLL_TIMED`): measured on the whole program, before and after
+        go, why = _autotune.choose_timed(ctx, NAME, cj, out,
+                                         key_extra=(min_len, str(ctx.options.unroll)))
+        ctx.report.stats.setdefault("autotune.choices", []).append(why)
+        if not go:   # what this run recorded as rolled is taken back
+            del report.rewrites[before[0]:]
+            report.counts = before[1]
+            report.stats["reroll.lengths"] = before[2]
+            report.declined(NAME, cj.jaxpr.eqns[0] if cj.jaxpr.eqns else None, why)
+            report.count("reroll.declined_measured")
+            return cj, False
     return out, rolled > 0
 
 
