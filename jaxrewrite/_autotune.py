@@ -211,12 +211,13 @@ def paired_times(a, cj_a, b, cj_b, reps: int = 5) -> tuple[float, float]:
     return statistics.median(ta), statistics.median(tb)
 
 
-def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = ()
-                 ) -> tuple[bool, str]:
+def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = (),
+                 run: bool = True) -> tuple[bool, str]:
     """Whether to keep `candidate` for `original` (both whole programs, ClosedJaxprs), by
-    compiling each once on the local backend (lower + compile seconds) and running them paired:
-    `_cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be compiled
-    here, the candidate is kept (the pass's own cost model has already decided)."""
+    compiling each once on the local backend (lower + compile seconds) and running them paired
+    on zeros (not with `run=False`: a loop whose trips depend on the data might not end on
+    zeros): `_cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be
+    compiled here, the candidate is kept (the pass's own cost model has already decided)."""
     import jax
     from . import _cost
     report, target = ctx.report, ctx.target
@@ -239,12 +240,12 @@ def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = ()
             compiled = compile_form(cj, how)
             seconds.append((time.perf_counter() - t, compiled))
         (c0, a), (c1, b) = seconds
-        r0, r1 = paired_times(a, original, b, candidate)
+        r0, r1 = paired_times(a, original, b, candidate) if run else (None, None)
     except Exception as e:  # noqa: BLE001 - a form XLA rejects or zeros cannot run: kept, uncached
         report.count("autotune.compile_failed")
         return True, f"autotune: not measured ({type(e).__name__})"
     report.count("autotune.compiles", 2)
-    go, why = _cost.reroll_measured(c1 / c0, r1 / max(r0, 1e-9), target)
+    go, why = _cost.reroll_measured(c1 / c0, r1 / max(r0, 1e-9) if run else None, target)
     why += f" (compile {c0:.2f} -> {c1:.2f} s)"
     if key:
         store(key, {"split": go, "why": why, "compile_s": [c0, c1], "run_s": [r0, r1],

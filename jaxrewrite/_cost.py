@@ -106,6 +106,17 @@ class TargetCosts:
     # jax.jit (paired, this machine; README had 0.57x); the mixing column, 67 per piece: 0.25x;
     # rolls on 4x4 fields, 48 per piece: 0.66x.
     min_piece_cone: int = 0
+    # Most work per lane the split may do, relative to jax.jit's: each re-joined piece's loop
+    # computes its whole cone, so where every round mixes the state, each piece recomputes
+    # nearly all of it. Work per lane: split, the fused code (`join_model`); jax.jit, each
+    # equation once on all of a value's words (the most pieces a value is split into), a
+    # mover (gather) `mover_work` times an elementwise equation. Measured (paired, run vs
+    # jax.jit; that ratio) on 8-word ARX states, 4,096 blocks: no message, 7 rounds 3.14 ->
+    # 1.51-1.80x (1.05-1.55x at 16,384 blocks, 1.17-1.28x at 65,536: the never-worse property's
+    # long run), 5 rounds 2.40 -> 1.12-1.73x; uint64, 20 jitted rounds with their permutations
+    # undone (40 gathers) 1.99 -> 0.25-0.32x (0.12-0.22x at 65,536).
+    max_lane_work: float = float("inf")
+    mover_work: float = 1.0
     # Axes longer than `max_axis`, up to this, are split too where the fused-code estimate
     # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py unrolls loops for
     # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
@@ -126,7 +137,8 @@ COSTS: dict[str, TargetCosts] = {
     "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=4096,
                        counts_decide=False, max_launch_growth=4.0, reroll_list_read=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
-                       min_piece_cone=16, cost_axis=32),
+                       min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
+                       cost_axis=32),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -277,9 +289,11 @@ class JoinModel:
     pieces: int            # pieces re-joined, all joins together
     growth: float          # `fused` per equation of the original level
     summary: str           # the estimate, said in the report
+    lanes: int = 1         # most pieces a value is split into (words jax.jit's equations hold)
 
 
-def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None) -> JoinModel:
+def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
+               lanes: int = 1) -> JoinModel:
     """How XLA:CPU fuses the re-joins of a split level, and what it computes and compiles.
 
     | re-join of P pieces               | XLA:CPU makes                              |
@@ -313,16 +327,28 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None) 
         summary += f"; shared values recomputed up to {worst:.3g}x in a concatenate fusion"
     if apart:
         summary += f", {len(apart)} re-join(s) kept apart (each piece its own loop fusion)"
-    return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary)
+    return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary,
+                     max(lanes, 1))
 
 
-def fused_limit(model: JoinModel, target: str | None) -> str | None:
+def lane_work(model: JoinModel, plan: ScalarizePlan, target: str | None) -> float:
+    """The split's work per lane over jax.jit's (`TargetCosts.max_lane_work`)."""
+    c = costs(target)
+    jit = (plan.eqns_before + (c.mover_work - 1) * plan.movers_removed) * max(1, model.lanes)
+    return model.fused / max(1.0, jit)
+
+
+def fused_limit(model: JoinModel, target: str | None,
+                plan: ScalarizePlan | None = None) -> str | None:
     """The reason to decline a split by its fused code (too much of it: compile time; too
-    little per piece: run time), or None."""
+    little per piece, or recomputed per lane: run time), or None."""
     c = costs(target)
     if model.growth > c.max_fused_growth:
         return (f"{model.summary}: more than {c.max_fused_growth:g}x the level's equations "
                 f"(compile time)")
+    if plan is not None and (work := lane_work(model, plan, target)) > c.max_lane_work:
+        return (f"{model.summary}: {work:.2f}x jax.jit's work per lane, more than "
+                f"{c.max_lane_work:g}x (each re-joined piece's loop recomputes its cone)")
     if model.pieces and model.fused < c.min_piece_cone * model.pieces:
         return (f"{model.summary}: {model.fused / model.pieces:.1f} equations per re-joined "
                 f"piece's loop, fewer than {c.min_piece_cone} do not pay for reading its words "
@@ -457,24 +483,28 @@ def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
 
 # What a rolled program must measure, against the program it came from, to be kept when
 # `reroll` is autotuned by time (`autotune="time"`, `_autotune.choose_timed`): (most compile
-# time, most run time), each a ratio. The jaxpr does not say which programs win: XLA:CPU fuses
-# an unrolled backward pass across layers where its layer norms' cotangents form one elementwise
-# chain (Haiku, Equinox, bench/dedup.py's stack: fusions of 866-1,196 instructions at 16 layers,
-# 51-60k fused instructions) and does not in Flax's (10.8-11.8k, at most 51), so rolling wins
-# 0.36-0.42x compile and 0.68-0.78x run on the first three and loses 1.5x compile and
-# 1.04-1.17x run on Flax's (bench/models.py, 16 layers, CPU). Counts do not tell them apart
-# either (rolled Flax: 2.4x fewer fusions, 3.6x more LLVM-compiled kernel IR), so the choice is
-# measured. The compile bound is the issue's win at 16 layers; the run bound its budget.
+# time, most run time), each a ratio. The jaxpr does not say which programs win. XLA:CPU fuses
+# an unrolled backward pass across layers where the layer norms' cotangents form one elementwise
+# chain through the residual stream (16 layers: Haiku's and Equinox's largest fusions hold 866
+# and 1,196 instructions, 51k and 60k fused in all; bench/dedup.py's stack 1,005 and 24k) and
+# does not in Flax's (at most 51; 10.8k and 11.8k). Rolled, Haiku and Equinox compiled 0.42x and
+# 0.36x and ran 0.78x and 0.68x jax.jit's time; Flax's models compiled 1.3-1.5x and ran
+# 0.93-1.17x (bench/models.py, 16 layers, CPU). Counts do not tell them apart either (rolled
+# Flax Linen: 2.4x fewer fusions, 3.2x more LLVM IR compiled), so the choice is measured. The
+# compile bound is the win asked for at 16 layers; the run bound the run-time budget.
 REROLL_TIMED = {"cpu": (0.8, 1.05)}
 
 
-def reroll_measured(compile_ratio: float, run_ratio: float, target: str | None
+def reroll_measured(compile_ratio: float, run_ratio: float | None, target: str | None
                     ) -> tuple[bool, str]:
-    """(keep the rolled program?, why) from its measured compile and run time ratios."""
+    """(keep the rolled program?, why) from its measured compile and run time ratios (run None:
+    not run, compile decides)."""
     most_compile, most_run = REROLL_TIMED.get(target or "cpu", REROLL_TIMED["cpu"])
-    measured = f"rolled: compile {compile_ratio:.2f}x, run {run_ratio:.2f}x the unrolled program's"
+    ran = (f"run {run_ratio:.2f}x" if run_ratio is not None
+           else "run not measured (a loop whose trips depend on the data)")
+    measured = f"rolled: compile {compile_ratio:.2f}x, {ran} the unrolled program's"
     if compile_ratio > most_compile:
         return False, f"{measured}; rolling must compile in at most {most_compile:g}x"
-    if run_ratio > most_run:
+    if run_ratio is not None and run_ratio > most_run:
         return False, f"{measured}; rolling may run at most {most_run:g}x"
     return True, measured

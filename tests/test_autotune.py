@@ -221,3 +221,20 @@ def test_reroll_not_measured_without_time_mode(cache_dir):
     res = rewrite_jaxpr_with_report(jax.make_jaxpr(_chain)(WS, XS), reroll=True, autotune=True,
                                     target="cpu")
     assert _autotune.COMPILES == before and _scans(res.jaxpr) == 1
+
+
+def test_reroll_with_an_open_ended_loop_decided_by_compile_time_alone(cache_dir, monkeypatch):
+    """A program with a loop whose trips depend on the data is not run on zeros (it might not
+    end there): compile time alone decides."""
+    from jaxrewrite import _cost
+    monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (float("inf"), 0.0))   # any run would lose
+
+    def f(ws, x):
+        x = jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c * 2.0 + 1.0, x)
+        return _chain(ws, x)
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(WS, XS), reroll=True, autotune="time",
+                                    target="cpu")
+    assert _scans(res.jaxpr) == 1
+    (rec,) = _entries(cache_dir).values()
+    assert rec["split"] is True and rec["run_s"] == [None, None]
+    assert "run not measured" in rec["why"]

@@ -107,16 +107,27 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
         # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
         # show (`_cost.REROLL_TIMED`): measured on the whole program, before and after
         go, why = _autotune.choose_timed(ctx, NAME, cj, out,
-                                         key_extra=(min_len, str(ctx.options.unroll)))
+                                         key_extra=(min_len, str(ctx.options.unroll)),
+                                         run=not _open_ended(cj))
         ctx.report.stats.setdefault("autotune.choices", []).append(why)
         if not go:   # what this run recorded as rolled is taken back
             del report.rewrites[before[0]:]
+            declined = report.counts["reroll.declined"]       # chains declined stay declined
             report.counts = before[1]
+            if declined:
+                report.counts["reroll.declined"] = declined
             report.stats["reroll.lengths"] = before[2]
             report.declined(NAME, cj.jaxpr.eqns[0] if cj.jaxpr.eqns else None, why)
             report.count("reroll.declined_measured")
             return cj, False
     return out, rolled > 0
+
+
+def _open_ended(cj) -> bool:
+    """Whether `cj` holds a `while` that is not a counted loop (its trips depend on the data)."""
+    from .flatten import _while_loop
+    return any(e.primitive.name == "while" and _while_loop(e) is None
+               for e in _walk.iter_eqns(cj))
 
 
 def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx):

@@ -844,7 +844,9 @@ def _fused_code(jaxpr, an, target, costs, built):
     if not costs.concat_fuse_max:
         return built, None
     pieces = built[3]
-    model = _cost.join_model(_join_cones(built[0].eqns, pieces), len(jaxpr.eqns), target)
+    lanes = max((math.prod(v.aval.shape[d] for d in axes) for v, axes in an.chosen.items()),
+                default=1)
+    model = _cost.join_model(_join_cones(built[0].eqns, pieces), len(jaxpr.eqns), target, lanes)
     if model.apart:
         olds = list(pieces)
         built = _split(jaxpr, an, target, costs, apart={olds[k] for k in model.apart})
@@ -889,7 +891,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     form, model = built[0] if built else _fused_code(jaxpr, an, target, costs,
                                                      _split(jaxpr, an, target, costs))
     new, joins, cuts, _ = form
-    if model is not None and (why := _cost.fused_limit(model, target)) is not None:
+    if model is not None and (why := _cost.fused_limit(model, target, an.plan)) is not None:
         ctx.report.declined(PASS, first, why)
         return jaxpr, False
     if joins > an.plan.joins and not ctx.options.autotune:
