@@ -299,7 +299,7 @@ if __name__ == "__main__":
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
     models = _arg("--models", lambda s: s.split(","))
     repeats = _arg("--repeats", int)
-    if "--autotune" in sys.argv[1:]:
+    if options:  # a fresh cache: the measuring shows in rewrite_s
         import tempfile
         os.environ["JAXREWRITE_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrewrite-models-")
     rows = main(quick, layers, models, repeats, **options)

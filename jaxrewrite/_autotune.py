@@ -218,16 +218,10 @@ def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = ()
     on zeros (not with `run=False`: a loop whose trips depend on the data might not end on
     zeros): `_cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be
     compiled here, the candidate is kept (the pass's own cost model has already decided)."""
-    import jax
     from . import _cost
     report, target = ctx.report, ctx.target
-    try:
-        key = digest(original, pass_name, target, "time", key_extra, jax.__version__)
-    except Unstable:
-        key = None
-    rec = lookup(key) if key else None
+    key, rec = _cached(report, original, pass_name, target, "time", key_extra)
     if rec is not None:
-        report.count("autotune.cached")
         return rec["split"], f"autotune (cached): {rec.get('why', '')}"
     how, how_why = compiler_for(target)
     if how != "local":
@@ -258,6 +252,19 @@ def closed_level(jaxpr, consts) -> C.ClosedJaxpr:
     return C.closed(jaxpr, list(consts))
 
 
+def _cached(report, original, *key_parts) -> tuple[str | None, dict | None]:
+    """(cache key or None where `original` has no stable identity, the cached record or None)."""
+    import jax
+    try:
+        key = digest(original, *key_parts, jax.__version__)
+    except Unstable:
+        return None, None
+    rec = lookup(key)
+    if rec is not None:
+        report.count("autotune.cached")
+    return key, rec
+
+
 def choose(ctx, pass_name: str, original, build: Callable, model_go: bool, model_why: str,
            key_extra: tuple = ()) -> tuple[bool, str, object]:
     """Whether to take the candidate form of one level: (go, why, candidate or None).
@@ -266,16 +273,10 @@ def choose(ctx, pass_name: str, original, build: Callable, model_go: bool, model
     needed); `model_go`/`model_why` are the cost model's verdict, used where nothing can be
     compiled and as the tie-break of `_cost.pick_by_counts`.
     """
-    import jax
     from . import _cost
     mode, target, report = ctx.options.autotune, ctx.target, ctx.report
-    try:
-        key = digest(original, pass_name, target, str(mode), key_extra, jax.__version__)
-    except Unstable:
-        key = None
-    rec = lookup(key) if key else None
+    key, rec = _cached(report, original, pass_name, target, str(mode), key_extra)
     if rec is not None:
-        report.count("autotune.cached")
         return rec["split"], f"autotune (cached): {rec.get('why', '')}", None
     how, how_why = compiler_for(target)
     if how is None:

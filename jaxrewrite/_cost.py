@@ -334,7 +334,7 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
 def lane_work(model: JoinModel, plan: ScalarizePlan, target: str | None) -> float:
     """The split's work per lane over jax.jit's (`TargetCosts.max_lane_work`)."""
     c = costs(target)
-    jit = (plan.eqns_before + (c.mover_work - 1) * plan.movers_removed) * max(1, model.lanes)
+    jit = (plan.eqns_before + (c.mover_work - 1) * plan.movers_removed) * model.lanes
     return model.fused / max(1.0, jit)
 
 

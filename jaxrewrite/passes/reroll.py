@@ -99,18 +99,19 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     if min_len is None:
         return cj, False
     keyer = Keyer()
-    report = ctx.report
-    before = (len(report.rewrites), collections.Counter(report.counts),
-              list(report.stats.get("reroll.lengths", [])))
+    report, measured = ctx.report, ctx.options.autotune == "time"
+    if measured:   # what rolling records, to take back if the measurement declines it
+        before = (len(report.rewrites), collections.Counter(report.counts),
+                  list(report.stats.get("reroll.lengths", [])))
     out, rolled = _walk.map_levels(cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx))
-    if rolled and ctx.options.autotune == "time":
+    if rolled and measured:
         # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
         # show (`_cost.REROLL_TIMED`): measured on the whole program, before and after
         go, why = _autotune.choose_timed(ctx, NAME, cj, out,
                                          key_extra=(min_len, str(ctx.options.unroll)),
                                          run=not _open_ended(cj))
-        ctx.report.stats.setdefault("autotune.choices", []).append(why)
-        if not go:   # what this run recorded as rolled is taken back
+        report.stats.setdefault("autotune.choices", []).append(why)
+        if not go:
             del report.rewrites[before[0]:]
             declined = report.counts["reroll.declined"]       # chains declined stay declined
             report.counts = before[1]
