@@ -17,7 +17,10 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   words: 100x slower); a piece re-joined otherwise gets its whole producer cone in a loop
   fusion of its own (compile time). `join_model` estimates both on the emitted split form.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
-  2/5/10 double rounds: 1.3/3.3/15 s for the H200), so the GPU row cuts long split regions.
+  5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless); XLA's own fusion limits
+  end a fusion past 10 double rounds (2 -> 3 kernels), so a split region is not cut here: the
+  split form compiles as the hand-written one does (an optimization barrier once in the middle
+  saved ~3 s at 10 double rounds but cost the kernel the hand form does not have).
 
 `target` is 'cpu', 'gpu' or 'tpu' (`ctx.target`); unknown targets use the 'gpu' row (the
 strictest about concatenates).
@@ -51,12 +54,6 @@ class TargetCosts:
     # and the split's strided loops gain nothing certain. From 4,096 every one measured ran faster.
     # GPU: kernels, not loops, cost: no minimum.
     min_piece_elements: int = 0
-    # Cut a split region with an optimization barrier at a permutation every `cut_eqns`
-    # equations (None: never). GPU: one fusion's compile time grows faster than linearly with its
-    # size (ChaCha20 16 words on the H200: 2, 5, 10 double rounds → 1.3, 3.3, 15 s); one cut in
-    # the middle costs one kernel (2 → 3) and ~25% of the compile time. CPU: XLA:CPU drops
-    # optimization barriers before fusion, so cutting changes nothing there.
-    cut_eqns: int | None = None
     # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
     # original and the split form. GPU: a kernel launch is the cost, so fewer kernels wins and a
     # tie goes to the model. CPU: fewer fusions is not faster (ChaCha20: take form 20 fusions,
@@ -139,7 +136,7 @@ COSTS: dict[str, TargetCosts] = {
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
                        cost_axis=32),
-    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, cut_eqns=1000, scatter_concat_pieces=8),
+    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
 }
@@ -158,16 +155,6 @@ class ScalarizePlan:
     joins: int             # values re-joined because a consumer needs the whole array
     mixed_inexact: int = 0 # float values used both whole and in pieces
     piece_elements: int = 0  # elements of the smallest piece
-
-
-def cut_points(plan: "ScalarizePlan", target: str | None) -> tuple[float, int]:
-    """(equations between cuts, most cuts) for a split region: the region in equal parts of at
-    most `cut_eqns` equations; (inf, 0) where the target never cuts."""
-    c = costs(target)
-    if not c.cut_eqns or plan.eqns_after <= c.cut_eqns:
-        return float("inf"), 0
-    parts = -(-plan.eqns_after // c.cut_eqns)
-    return plan.eqns_after / parts, parts - 1
 
 
 def scalarize_limit(plan: ScalarizePlan, target: str | None) -> str | None:
@@ -216,7 +203,7 @@ TRADES = {
             "re-join(s) costs a loop per piece (seed program, bench/seed.py: fusions 7 -> 16, "
             "compile ~2.4x jax.jit's, run ~3x faster)"),
     "gpu": ("GPU: splitting trades compile time for kernels: one fusion grows with the split "
-            "region ({eqns} equations{cut})"),
+            "region ({eqns} equations)"),
 }
 
 
@@ -225,9 +212,7 @@ def trade(plan: ScalarizePlan, target: str | None) -> str | None:
     row = "cpu" if target == "cpu" else "gpu" if target in ("gpu", "cuda", "rocm") else None
     if row is None or (row == "cpu" and not plan.joins):
         return None
-    every, cuts = cut_points(plan, target)
-    cut = f", cut {cuts} time(s) by an optimization barrier" if cuts else ""
-    return TRADES[row].format(joins=plan.joins, eqns=plan.eqns_after, cut=cut)
+    return TRADES[row].format(joins=plan.joins, eqns=plan.eqns_after)
 
 
 def scalarize_piece_bound(largest: int, target: str | None, mode) -> str | None:
@@ -361,7 +346,7 @@ def fused_limit(model: JoinModel, target: str | None,
 @dataclasses.dataclass(frozen=True)
 class LoopCosts:
     # Most equations a loop may have unrolled (compile time grows with them; on the GPU one
-    # fusion's compile time grows faster than linearly, which scalarize's cuts bound).
+    # fusion's compile time grows faster than linearly, until XLA's own fusion limits end it).
     max_unrolled_eqns: int
     # Launches one trip of a rolled loop costs beyond its body's: the GPU evaluates the loop
     # condition as a kernel and reads it back each trip; XLA:CPU runs the loop in-process.

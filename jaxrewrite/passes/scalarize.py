@@ -34,9 +34,7 @@ How it decides:
    which its concatenate fusion computes; a re-join that would recompute is kept out of that
    fusion, and a split whose fused code grows past the limit is declined (compile time).
 4. Emit: every equation is rebuilt per piece by its rule; an equation without a rule, or whose
-   rule cannot use the pieces it is given, gets whole operands (re-joined on demand). On the
-   GPU a long region is cut at a permutation by an `optimization_barrier` (`_cut`): one kernel
-   more, a much faster compile.
+   rule cannot use the pieces it is given, gets whole operands (re-joined on demand).
 
 Exactness: pieces are computed by the same primitives on the same elements, so results are
 bit-for-bit those of the original. Only primitives that compute each element independently and
@@ -722,23 +720,6 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
 
 # --- driver -------------------------------------------------------------------------------------
 
-def _cut(b: Builder, res):
-    """Route a permutation's pieces through one `optimization_barrier`: XLA ends a fusion there.
-
-        before: p0..p15 = (renaming of a gather's pieces)
-        after:  q0..q15 = optimization_barrier p0..p15
-
-    The original program's gathers are where XLA cut its fusions; keeping a cut at one of them
-    every `_cost.TargetCosts.cut_eqns` equations bounds the size of one fusion, whose compile
-    time grows faster than linearly (H200, ChaCha20's 16 words: 2 kernels and ~12 s uncut,
-    3 kernels and ~9 s with one cut).
-    """
-    flat = [P[idx] for _, P in res for idx in np.ndindex(P.shape)]
-    outs = b.bind(_prim("optimization_barrier"), flat)
-    it = iter(outs)
-    return [(axes, each_piece(P.shape, lambda idx: next(it))) for axes, P in res]
-
-
 # Data movement XLA fuses without computing (its cost is the cone it passes through).
 _MOVES = frozenset({"reshape", "squeeze", "expand_dims", "slice", "unstack", "broadcast_in_dim",
                     "transpose", "rev", "concatenate", "stack", "bitcast_convert_type"})
@@ -802,12 +783,10 @@ def _join_cones(eqns, join_pieces: dict) -> list:
     return out
 
 
-def _split(jaxpr, an, target, costs, apart=()):
-    """Emit the split form of one level: (new jaxpr, re-joins, cuts, re-joined pieces by old
-    var). `apart`: old vars whose re-join stays out of a concatenate fusion."""
+def _split(jaxpr, an, costs, apart=()):
+    """Emit the split form of one level: (new jaxpr, re-joins, re-joined pieces by old var).
+    `apart`: old vars whose re-join stays out of a concatenate fusion."""
     b = Builder(an.chosen, costs.join_form, apart, costs.concat_fuse_max + 1)
-    cut_every, cuts_left = _cost.cut_points(an.plan, target)
-    next_cut, cuts = cut_every, 0
     chosen, native, whole, links = an.chosen, b.native, b.whole, an.links
     is_drop, is_lit = C.is_dropvar, C.is_literal
     for i, eqn in enumerate(jaxpr.eqns):
@@ -819,11 +798,6 @@ def _split(jaxpr, an, target, costs, apart=()):
                                   for a in eqn.invars)):
             res = RULES[eqn.primitive.name].emit(b, eqn, links[i].info)
         if res is not None:
-            if RULES[eqn.primitive.name].mover and cuts_left and len(b.eqns) >= next_cut:
-                res = _cut(b, res)
-                cuts_left -= 1
-                cuts += 1
-                next_cut = len(b.eqns) + cut_every
             for v, (axes, P) in zip(eqn.outvars, res):
                 if not is_drop(v):
                     b.set_parts(v, axes, P)
@@ -835,7 +809,7 @@ def _split(jaxpr, an, target, costs, apart=()):
         for v in outs:
             whole[v] = v
     outvars = [b.get_whole(a) for a in jaxpr.outvars]
-    return C.replace_jaxpr(jaxpr, eqns=b.eqns, outvars=outvars), b.joins, cuts, b.join_pieces
+    return C.replace_jaxpr(jaxpr, eqns=b.eqns, outvars=outvars), b.joins, b.join_pieces
 
 
 def _fused_code(jaxpr, an, target, costs, built):
@@ -843,13 +817,13 @@ def _fused_code(jaxpr, an, target, costs, built):
     keep, the model); re-emitted with the re-joins that would recompute kept apart."""
     if not costs.concat_fuse_max:
         return built, None
-    pieces = built[3]
+    pieces = built[2]
     lanes = max((math.prod(v.aval.shape[d] for d in axes) for v, axes in an.chosen.items()),
                 default=1)
     model = _cost.join_model(_join_cones(built[0].eqns, pieces), len(jaxpr.eqns), target, lanes)
     if model.apart:
         olds = list(pieces)
-        built = _split(jaxpr, an, target, costs, apart={olds[k] for k in model.apart})
+        built = _split(jaxpr, an, costs, apart={olds[k] for k in model.apart})
     return built, model
 
 
@@ -877,7 +851,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     reason = hard or _cost.scalarize_decision(an.plan, target, mode)
     if hard is None and ctx.options.autotune:
         def build():
-            built.append(_fused_code(jaxpr, an, target, costs, _split(jaxpr, an, target, costs)))
+            built.append(_fused_code(jaxpr, an, target, costs, _split(jaxpr, an, costs)))
             return C.closed(built[0][0][0], list(consts))
 
         go, why, _ = _autotune.choose(ctx, PASS, C.closed(jaxpr, list(consts)), build,
@@ -889,8 +863,8 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         ctx.report.declined(PASS, first, reason)
         return jaxpr, False
     form, model = built[0] if built else _fused_code(jaxpr, an, target, costs,
-                                                     _split(jaxpr, an, target, costs))
-    new, joins, cuts, _ = form
+                                                     _split(jaxpr, an, costs))
+    new, joins, _ = form
     if model is not None and (why := _cost.fused_limit(model, target, an.plan)) is not None:
         ctx.report.declined(PASS, first, why)
         return jaxpr, False
@@ -909,8 +883,6 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     if summary:
         ctx.report.stats.setdefault(f"{PASS}.fused_code", []).append(model.summary)
     ctx.report.count(f"{PASS}.joins", joins)
-    if cuts:
-        ctx.report.count(f"{PASS}.cuts", cuts)
     note = _cost.trade(an.plan, target)
     if note is not None:
         ctx.report.count(f"{PASS}.fusion_trade")
