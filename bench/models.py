@@ -16,6 +16,15 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 
     python bench/models.py [--quick] [--layers 16,32] [--models nnx,linen] [--repeats 5] [--autotune]
 
+    python bench/models.py --unstack [--layers 16] [--repeats 3]
+
+`--unstack` measures why rolling a Flax step does not pay on XLA:CPU (compile seconds only,
+written to `results/models_unstack.json`): the adam update of one block's 12 parameter leaves x
+N layers, each layer's gradient a separate array or a slice of one stacked array (what a rolled
+backward pass gives its per-layer consumers), at constant offsets or at offsets passed in at
+run time; and Linen's gradient (no update) under `jax.jit`, rolled, and rolled with the stacked
+gradients returned as they are (no per-layer unstacking).
+
 `--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
 to compile and no slower to run (`_cost.REROLL_TIMED`); the measuring (both programs compiled
 once) happens in the first rewrite, which `rewrite_s` then includes, against a fresh cache.
@@ -287,6 +296,81 @@ def main(quick: bool = False, layers=None, models=None, repeats=None, **options)
     return rows
 
 
+# --- why rolled Flax steps compile slower on XLA:CPU (--unstack) -------------------------------
+
+UNSTACK_COLUMNS = ("case", "N", "compile_s")
+
+# Linen block's parameter leaves (attention q/k/v kernels, out kernel, biases, MLP, norms)
+_LEAVES = ([(D, HEADS, D // HEADS)] * 3 + [(HEADS, D // HEADS, D), (D,), (D,), (D, 4 * D), (4 * D,),
+           (4 * D, D), (D,), (D,), (D,)])
+
+
+def _adam_leaf(g, p, m, v):
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+
+def _compile_s(fn, args, repeats: int) -> float:
+    """Median lower + compile seconds of `jax.jit(fn)` on `args`, fresh caches each time."""
+    ts = []
+    for _ in range(repeats):
+        jax.clear_caches()
+        t = time.perf_counter()
+        jax.jit(fn).lower(*args).compile()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
+    from jax import lax
+
+    from jaxrewrite import _compat as C
+    from jaxrewrite import _walk
+    stacked = [jnp.zeros((n,) + s, jnp.float32) for s in _LEAVES]
+    per = [[jnp.zeros(s, jnp.float32) for _ in range(n)] for s in _LEAVES]
+
+    def from_slices(gs, p, m, v):
+        return [[_adam_leaf(lax.index_in_dim(g, i, 0, keepdims=False), p[k][i], m[k][i], v[k][i])
+                 for i in range(n)] for k, g in enumerate(gs)]
+
+    def from_arrays(gs, p, m, v):
+        return [[_adam_leaf(gs[k][i], p[k][i], m[k][i], v[k][i]) for i in range(n)]
+                for k in range(len(gs))]
+
+    def at_offsets(gs, p, m, v, offsets):  # the offsets are runtime values: one kernel for all
+        return [[_adam_leaf(lax.dynamic_index_in_dim(g, offsets[i], 0, keepdims=False),
+                            p[k][i], m[k][i], v[k][i]) for i in range(n)] for k, g in enumerate(gs)]
+
+    offsets = [jnp.int32(i) for i in range(n)]
+    rows = [dict(case="adam per leaf, per-layer gradients as separate arrays", N=n,
+                 compile_s=_compile_s(from_arrays, (per, per, per, per), repeats)),
+            dict(case="adam per leaf, per-layer gradients sliced from one stacked array", N=n,
+                 compile_s=_compile_s(from_slices, (stacked, per, per, per), repeats)),
+            dict(case="the same, slice offsets passed in as runtime values", N=n,
+                 compile_s=_compile_s(at_offsets, (stacked, per, per, per, offsets), repeats))]
+    if missing("linen"):
+        print(f"models --unstack: Linen rows skipped (missing {missing('linen')})")
+        return rows
+    loss, params = linen(n)
+    args = jax.tree_util.tree_leaves((params, _tokens(1)))
+    tree = jax.tree_util.tree_structure((params, _tokens(1)))
+    grad = jax.value_and_grad(loss)
+    cj = jax.make_jaxpr(lambda *a: grad(*jax.tree_util.tree_unflatten(tree, a)))(*args)
+    rolled = jaxrewrite.rewrite_jaxpr(cj, reroll=True)
+    j = rolled.jaxpr
+    # the rolled loops' own (stacked) results, as the program's outputs: no unstacking
+    loops = [v for e in j.eqns if e.primitive.name in ("scan", "custom_jvp_call")
+             for v in e.outvars]
+    kept = _walk.dce_closed(C.closed(C.replace_jaxpr(j, outvars=list(j.outvars[:1]) + loops),
+                                     rolled.consts))
+    for case, c in (("Linen gradient, jax.jit", cj), ("Linen gradient, rolled", rolled),
+                    ("Linen gradient, rolled, stacked gradients returned", kept)):
+        rows.append(dict(case=case, N=n,
+                         compile_s=_compile_s(lambda *a, c=c: C.eval_jaxpr(c, *a), args, repeats)))
+    return rows
+
+
 if __name__ == "__main__":
     from _common import markdown_table, write_results
 
@@ -295,6 +379,12 @@ if __name__ == "__main__":
         return conv(argv[argv.index(name) + 1]) if name in argv else default
 
     quick = "--quick" in sys.argv[1:]
+    if "--unstack" in sys.argv[1:]:
+        n = (_arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or (16,))[0]
+        rows = unstack_rows(n, _arg("--repeats", int, 3))
+        print(markdown_table(rows, UNSTACK_COLUMNS))
+        print(f"\nwritten {write_results(NAME + '_unstack', rows, dict(layers=n))}")
+        sys.exit(0)
     options = {"autotune": "time"} if "--autotune" in sys.argv[1:] else {}
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
     models = _arg("--models", lambda s: s.split(","))
