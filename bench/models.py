@@ -22,7 +22,8 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 written to `results/models_unstack.json`): the adam update of one block's 12 parameter leaves x
 N layers, each layer's gradient a separate array or a slice of one stacked array (what a rolled
 backward pass gives its per-layer consumers), at constant offsets or at offsets passed in at
-run time; and Linen's gradient (no update) under `jax.jit`, rolled, and rolled with the stacked
+run time; and Linen's gradient (no update) under `jax.jit`, rolled (its rows read at runtime
+offsets on the CPU, `_cost.TargetCosts.reroll_runtime_offsets`), and rolled with the stacked
 gradients returned as they are (no per-layer unstacking).
 
 `--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
@@ -239,7 +240,9 @@ def _max_rel(a, b) -> float:
 
 def _scans(cj):
     from jaxrewrite._walk import iter_eqns
-    return [e.params["length"] for e in iter_eqns(cj) if e.primitive.name == "scan"]
+    from jaxrewrite.passes.reroll import is_offsets_loop
+    return [e.params["length"] for e in iter_eqns(cj)
+            if e.primitive.name == "scan" and not is_offsets_loop(e)]
 
 
 def row(model: str, n: int, repeats: int = 5, **options) -> dict:
@@ -327,6 +330,7 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
 
     from jaxrewrite import _compat as C
     from jaxrewrite import _walk
+    from jaxrewrite.passes import reroll
     stacked = [jnp.zeros((n,) + s, jnp.float32) for s in _LEAVES]
     per = [[jnp.zeros(s, jnp.float32) for _ in range(n)] for s in _LEAVES]
 
@@ -361,7 +365,7 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     j = rolled.jaxpr
     # the rolled loops' own (stacked) results, as the program's outputs: no unstacking
     loops = [v for e in j.eqns if e.primitive.name in ("scan", "custom_jvp_call")
-             for v in e.outvars]
+             and not reroll.is_offsets_loop(e) for v in e.outvars]
     kept = _walk.dce_closed(C.closed(C.replace_jaxpr(j, outvars=list(j.outvars[:1]) + loops),
                                      rolled.consts))
     for case, c in (("Linen gradient, jax.jit", cj), ("Linen gradient, rolled", rolled),

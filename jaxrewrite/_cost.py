@@ -74,6 +74,14 @@ class TargetCosts:
     # GPU/TPU: the `cond` that reads a row syncs its index to the host each step; not measured,
     # so they keep the stacked form.
     reroll_list_read: bool = False
+    # Re-rolling: read each layer's row of a stacked result at an offset XLA cannot fold (the
+    # offsets carried round a loop of as many trips, `reroll._offsets`), so the per-layer reads
+    # and their consumers are one kernel for all layers. CPU: XLA:CPU compiles identical fused
+    # kernels once, and a slice at another constant offset is another kernel (adam on 12 leaves
+    # x 32 layers from slices of stacked gradients: 3.89 s constant, 1.21 s runtime offsets;
+    # Linen's rolled gradient 3.44 -> 2.05 s, `bench/models.py --unstack`), bit for bit the
+    # same values. GPU/TPU: not measured.
+    reroll_runtime_offsets: bool = False
     # Recomputation in fused code (`join_model`). XLA:CPU fuses a concatenate of at most
     # `concat_fuse_max` operands (its kMaxConcatenateArguments, 8) with its producers, and that
     # fusion's emitter computes a shared value once per path to it, not once: a 10-round ARX
@@ -133,6 +141,7 @@ COSTS: dict[str, TargetCosts] = {
     # 16 was the limit and it kept its gathers).
     "cpu": TargetCosts(16, 32, 24.0, 40_000, 4.0, 1.0, min_piece_elements=4096,
                        counts_decide=False, max_launch_growth=4.0, reroll_list_read=True,
+                       reroll_runtime_offsets=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
                        cost_axis=32),

@@ -15,7 +15,8 @@ from jaxrewrite._options import Options
 from jaxrewrite._pipeline import Context
 from jaxrewrite._report import Report
 from jaxrewrite.passes import reroll
-from jaxrewrite.testing import assert_equivalent, primitive_counts
+from jaxrewrite import _walk
+from jaxrewrite.testing import assert_bitwise_equal, assert_equivalent, primitive_counts
 
 RTOL = 1e-5
 
@@ -31,11 +32,13 @@ def _top(cj, name):
 
 
 def _scans(cj):
-    """The rolled scans at the top level: bare, or the one inside a list-reading `custom_jvp`."""
+    """The rolled scans at the top level: bare, or the one inside a list-reading `custom_jvp`
+    (not the loops that carry the row offsets of stacked results, `reroll._offsets`)."""
     out = []
     for e in cj.jaxpr.eqns:
         if e.primitive.name == "scan":
-            out.append(e)
+            if not reroll.is_offsets_loop(e):
+                out.append(e)
         elif e.primitive.name == "custom_jvp_call":
             out.extend(s for s in e.params["call_jaxpr"].jaxpr.eqns if s.primitive.name == "scan")
     return out
@@ -128,6 +131,49 @@ def test_intermediate_results_come_out_as_ys():
     cj, _ = _rewrite(f, x, reroll=True)
     assert len(_scans(cj)) == 1
     assert_equivalent(f, x, reroll=True, rtol=RTOL)
+
+
+def test_rows_of_stacked_results_are_read_at_runtime_offsets_on_the_cpu():
+    """On the CPU each row of a stacked result is read at an offset carried round a loop (XLA:CPU
+    compiles one kernel for all rows, not one per constant offset); the values are the rows
+    themselves, bit for bit what static slices read. Other targets slice statically."""
+    import dataclasses
+
+    from jaxrewrite import _cost
+
+    def f(x):
+        outs = []
+        for _ in range(5):
+            x = jax.jit(lambda s: jnp.sin(s) * 1.5 + 0.25)(x)
+            outs.append(x)
+        return x, [o * 2 for o in outs]  # every layer's result is used after the chain
+    x = jnp.linspace(0, 1, 8)
+    cj, report = _rewrite(f, x, reroll=True, target="cpu")
+    assert report.stats["reroll.lengths"] == [5]
+    loops = [e for e in cj.jaxpr.eqns if reroll.is_offsets_loop(e)]
+    assert len(loops) == 1
+    offsets = set(loops[0].outvars)
+    assert any(e.primitive.name == "dynamic_slice" for e in _walk.iter_eqns(cj))
+    assert _top(cj, "slice") == 0
+    # each row read is fed by one of the loop's offsets (through the read's jitted helper)
+    fed = [a for e in cj.jaxpr.eqns if e.primitive.name != "scan" for a in e.invars
+           if not C.is_literal(a) and a in offsets]
+    assert len(fed) == 4 and len(set(fed)) == 4   # (the last row is the carry itself)
+    got = jaxrewrite.optimize(f, reroll=True, target="cpu")(x)
+    cpu = _cost.COSTS["cpu"]
+    try:
+        _cost.COSTS["cpu"] = dataclasses.replace(cpu, reroll_runtime_offsets=False)
+        static, _ = _rewrite(f, x, reroll=True, target="cpu")
+        assert not any(reroll.is_offsets_loop(e) for e in static.jaxpr.eqns)
+        assert _top(static, "slice") == 4
+        jax.clear_caches()
+        want = jaxrewrite.optimize(f, reroll=True, target="cpu")(x)
+    finally:
+        _cost.COSTS["cpu"] = cpu
+    assert_bitwise_equal(got, want)
+    gpu, _ = _rewrite(f, x, reroll=True, target="gpu")
+    assert not any(reroll.is_offsets_loop(e) for e in gpu.jaxpr.eqns)
+    assert_equivalent(f, x, reroll=True, target="cpu", rtol=RTOL)
 
 
 def test_min_length_default_off_and_effects():
@@ -328,7 +374,8 @@ def _field():
 
 def _all_scans(cj):
     from jaxrewrite._walk import iter_eqns
-    return [e for e in iter_eqns(cj) if e.primitive.name == "scan"]
+    return [e for e in iter_eqns(cj)
+            if e.primitive.name == "scan" and not reroll.is_offsets_loop(e)]
 
 
 def test_stencil_forward_rolls_and_its_gradient_is_jax_jits():

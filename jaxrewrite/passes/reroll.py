@@ -38,11 +38,13 @@ chain of calls of one body (`passes/outline.py`) and rolled the same way; outlin
 chain rolls are inlined back.
 
 Outputs of the chain used outside it (residuals under `jax.grad`, intermediate activations)
-come out of the scan as stacked ys and are indexed where they were used. A chain is cut where
-an intermediate result is used before the chain ends. When a chain's per-iteration operands are
-exactly the ys of a chain rolled before it (in order, or in reverse: a backward pass consuming
-forward residuals), the scan reads those ys directly (`reverse=True` for the reverse order)
-instead of stacking a copy.
+come out of the scan as stacked ys and are indexed where they were used; on the CPU at offsets
+carried round a loop (`_offsets`), which XLA does not fold, so each row's reads and consumers
+compile to one kernel for all rows instead of one per row (`_cost` `reroll_runtime_offsets`).
+A chain is cut where an intermediate result is used before the chain ends. When a chain's
+per-iteration operands are exactly the ys of a chain rolled before it (in order, or in reverse:
+a backward pass consuming forward residuals), the scan reads those ys directly (`reverse=True`
+for the reverse order) instead of stacking a copy.
 
 Whether rolling pays is decided per target by `_cost`: without a contraction only the forward
 is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
@@ -371,11 +373,13 @@ class _Layout:
 
 
 def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False,
-          forward_only: str | None = None):
+          forward_only: str | None = None, offsets: bool = False):
     """Replacement equations for `chain` and the substitution of its outputs.
 
     With `lists`, per-iteration operands that would be stacked are read from their list inside
     the loop instead (`_listed_scan`), when the chain is short enough for one `cond` per step.
+    With `offsets`, a stacked result used outside is read row by row at offsets XLA cannot
+    fold (`_offsets`), so that the reads and their consumers compile to one kernel for all rows.
     With `forward_only` (the cost model's reason not to roll a backward pass), a backward
     chain (one reading a rolled chain's residuals in reverse) declines, and a forward one is
     rolled with the unrolled chain as its derivative (`_forward_only`).
@@ -436,14 +440,42 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
         old = last.outvars[carry_in[p]]
         if not C.is_dropvar(old):
             env[old] = v
+    at = []  # the k row offsets, made once the first row is read
     for q, y in zip(ys, stacked):
         for s, i in enumerate(order):
             old = chain.eqns[i].outvars[q]
             if C.is_dropvar(old) or old in env or not users.get(old):
                 continue
-            env[old] = em.call(lambda a, s=s: lax.index_in_dim(a, s, keepdims=False), y)[0]
+            if offsets:
+                at = at or em.call(_offsets, *[C.literal(np.int32(r), C.ShapedArray((), np.int32))
+                                               for r in range(k)])
+                env[old] = em.call(lambda a, o: lax.dynamic_index_in_dim(a, o, keepdims=False),
+                                   y, at[s])[0]
+            else:
+                env[old] = em.call(lambda a, s=s: lax.index_in_dim(a, s, keepdims=False), y)[0]
             produced.append((env[old], (y, s, k)))
     return em.eqns, env, produced
+
+
+def is_offsets_loop(eqn) -> bool:
+    """Whether `eqn` is an `_offsets` loop (a scan carrying int32 scalars only, nothing scanned),
+    not a rolled chain."""
+    if eqn.primitive.name != "scan" or eqn.params["num_consts"] or (
+            len(eqn.invars) != eqn.params["num_carry"]):
+        return False
+    return all(C.aval_of(a).shape == () and C.aval_of(a).dtype == np.int32 for a in eqn.invars)
+
+
+def _offsets(*rows):
+    """`rows` (0, 1, ..., k-1) carried round a loop of k trips, one place on per trip: back
+    where they started, as values XLA does not fold into the kernels that read at them.
+
+        before:  r3 = slice[start=(3, 0)] y ; r3' = squeeze r3 ; u3 = f r3'    (one kernel a row)
+        after:   o0..o{k-1} = fori_loop[k trips: rotate] 0..k-1
+                 r3 = dynamic_slice y o3 0 ; r3' = squeeze r3 ; u3 = f r3'       (one for all)
+    """
+    from jax import lax
+    return lax.fori_loop(0, len(rows), lambda _, r: r[1:] + r[:1], list(rows))
 
 
 def _stacked_scan(lay: _Layout, reverse: bool, unroll):
@@ -746,9 +778,10 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
             chain = _generalize(chain, keyer)
             why = (_cost.reroll_backward(_has_contraction(chain.eqns[0]), ctx.target)
                    if _differentiable(chain.eqns[0]) else None)
+            costs = _cost.costs(ctx.target)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
-                                       lists=_cost.costs(ctx.target).reroll_list_read,
-                                       forward_only=why)
+                                       lists=costs.reroll_list_read, forward_only=why,
+                                       offsets=costs.reroll_runtime_offsets)
         except Decline as d:
             ctx.report.declined(NAME, orig[0], str(d))
             # keep the calls, re-emitted at the chain's end: `_cut` guarantees that nothing
