@@ -458,8 +458,9 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
 
 
 def is_offsets_loop(eqn) -> bool:
-    """Whether `eqn` is an `_offsets` loop (a scan carrying int32 scalars only, nothing scanned),
-    not a rolled chain."""
+    """Whether `eqn` has the shape of an `_offsets` loop (a scan carrying int32 scalars only,
+    nothing scanned), not of a rolled chain (for counting rolled scans; a user's loop of that
+    shape counts here too)."""
     if eqn.primitive.name != "scan" or eqn.params["num_consts"] or (
             len(eqn.invars) != eqn.params["num_carry"]):
         return False
