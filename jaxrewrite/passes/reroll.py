@@ -447,8 +447,7 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
             if C.is_dropvar(old) or old in env or not users.get(old):
                 continue
             if offsets:
-                at = at or em.call(_offsets, *[C.literal(np.int32(r), C.ShapedArray((), np.int32))
-                                               for r in range(k)])
+                at = at or em.call(functools.partial(_offsets, k))
                 env[old] = em.call(lambda a, o: lax.dynamic_index_in_dim(a, o, keepdims=False),
                                    y, at[s])[0]
             else:
@@ -467,16 +466,17 @@ def is_offsets_loop(eqn) -> bool:
     return all(C.aval_of(a).shape == () and C.aval_of(a).dtype == np.int32 for a in eqn.invars)
 
 
-def _offsets(*rows):
-    """`rows` (0, 1, ..., k-1) carried round a loop of k trips, one place on per trip: back
-    where they started, as values XLA does not fold into the kernels that read at them.
+def _offsets(k: int):
+    """The row offsets 0, 1, ..., k-1 carried round a loop of k trips, one place on per trip:
+    back where they started, as values XLA does not fold into the kernels that read at them.
 
         before:  r3 = slice[start=(3, 0)] y ; r3' = squeeze r3 ; u3 = f r3'    (one kernel a row)
         after:   o0..o{k-1} = fori_loop[k trips: rotate] 0..k-1
                  r3 = dynamic_slice y o3 0 ; r3' = squeeze r3 ; u3 = f r3'       (one for all)
     """
     from jax import lax
-    return lax.fori_loop(0, len(rows), lambda _, r: r[1:] + r[:1], list(rows))
+    rows = [np.int32(r) for r in range(k)]
+    return lax.fori_loop(0, k, lambda _, r: r[1:] + r[:1], rows)
 
 
 def _stacked_scan(lay: _Layout, reverse: bool, unroll):
