@@ -301,6 +301,11 @@ def trace_avals(fun: Callable, avals: Sequence, ctx=None) -> ClosedJaxpr:
     return jax.make_jaxpr(fun)(*specs)
 
 
+def is_varying(aval) -> bool:
+    """Whether `aval` varies over manual mesh axes (it traces only under its shard_map body)."""
+    return bool(_varying(aval))
+
+
 def _varying(aval) -> frozenset:
     mat = getattr(aval, "manual_axis_type", None)
     if mat is None:  # JAX < 0.8 (at least 0.7.0): the varying manual axes are `aval.vma`

@@ -3,8 +3,8 @@
 Skipped where the `models` extra (Flax, Haiku, Equinox, optax) is not installed.
 
 Tolerance, in terms of training: over 100 adam steps on one batch, every step's loss with
-reroll=True is within `LOSS_RTOL` (relative) of jax.jit's (measured, 4 layers: at most 1.5e-4,
-Haiku; 2.4e-6 Flax; 9e-7 Equinox). The scan sums in the same order as the unrolled program, but
+reroll=True is within `LOSS_RTOL` (relative) of jax.jit's (measured, 4 layers, the backward
+recomputing on the CPU: at most 4.6e-5 Haiku; 3.0e-6 Flax; 1.0e-6 Equinox). The scan sums in the same order as the unrolled program, but
 XLA fuses a loop body differently, so float results differ in the last bits and adam, which
 divides by the square root of small second moments, amplifies that over the steps.
 """
@@ -39,6 +39,10 @@ def test_every_layer_rolls_one_per_trip_and_one_step_matches(model):
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(step)(*args), reroll=True)
     # forward and backward: one scan each, one layer per trip, every layer
     assert sorted(res.report.stats["reroll.lengths"]) == [LAYERS, LAYERS]
+    # on the CPU the backward loop recomputes the forward's residuals (passes/recompute.py);
+    # remat blocks already do, and are left as they are
+    if jax.default_backend() == "cpu":
+        assert res.report.counts["reroll.recomputed"] == (0 if model == "linen_remat" else 1)
     loss_j, p_j, o_j = jax.jit(step)(*args)
     loss_o, p_o, o_o = jaxrewrite.optimize(step, reroll=True)(*args)
     np.testing.assert_allclose(loss_o, loss_j, rtol=LOSS_RTOL_1)

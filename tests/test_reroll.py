@@ -417,3 +417,69 @@ def test_layers_with_a_contraction_roll_forward_and_backward():
     assert report.counts["reroll.chains"] == 1 and not report.counts["reroll.forward_only"]
     assert not report.declines
     assert_equivalent(g, ws, x, reroll=True, rtol=RTOL, grad=False)
+
+
+# --- recomputed residuals (CPU): the backward loop runs the forward body again ------------------
+
+def _residual_layer(w, x):
+    h = x @ w
+    return jnp.tanh(h) * jax.nn.sigmoid(h) + x   # residuals: tanh(h), sigmoid(h), h
+
+
+def _jit_stack(ws, x):
+    for w in ws:
+        x = jax.jit(_residual_layer)(w, x)
+    return (x * x).sum()
+
+
+def _scan_body_prims(scan) -> dict:
+    return primitive_counts(C.closed(scan.params["jaxpr"].jaxpr, ()))
+
+
+def test_cpu_backward_loop_recomputes_the_forward_instead_of_reading_its_residuals():
+    """Under jax.grad a forward chain hands every residual to the backward chain. On the CPU
+    the backward calls become calls of forward;backward (`passes/recompute.py`): the forward
+    scan stacks only its carried inputs, and the backward scan's body computes the forward's
+    tanh and sigmoid again. The GPU keeps the residuals."""
+    ws, x = _weights(6), jnp.linspace(-1, 1, 8).reshape(2, 4)
+    g = jax.grad(_jit_stack, argnums=(0, 1))   # (x too: every layer's backward is one body)
+    cpu, report = _rewrite(g, ws, x, reroll=True, target="cpu")
+    assert report.counts["reroll.recomputed"] == 1 and report.counts["reroll.chains"] == 2
+    fwd, bwd = _scans(cpu)
+    assert [fwd.params["reverse"], bwd.params["reverse"]] == [False, True]
+    # forward: the carry and one stacked result, its carried inputs x_0..x_5
+    ys = fwd.outvars[fwd.params["num_carry"]:]
+    assert [tuple(v.aval.shape) for v in ys] == [(6, 2, 4)]
+    assert _scan_body_prims(bwd).get("tanh", 0) == 1
+    assert _scan_body_prims(bwd).get("logistic", 0) == 1
+    gpu, report_gpu = _rewrite(g, ws, x, reroll=True, target="gpu")
+    assert not report_gpu.counts["reroll.recomputed"]
+    fwd_g, bwd_g = _scans(gpu)
+    assert len(fwd_g.outvars) - fwd_g.params["num_carry"] > 1
+    assert _scan_body_prims(bwd_g).get("tanh", 0) == 0
+    got, want = jaxrewrite.optimize(g, reroll=True, target="cpu")(ws, x), jax.jit(g)(ws, x)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL)
+    assert_equivalent(g, ws, x, reroll=True, target="cpu", rtol=RTOL, grad=False)
+
+
+def test_recompute_needs_residuals_and_permission():
+    """A checkpointed layer's backward already recomputes (it reads only carried values): left
+    as it is. With exact=True nothing is rolled, so nothing is recomputed either."""
+    ws, x = _weights(5), jnp.ones((2, 4))
+    _, report = _rewrite(jax.grad(_stack), ws, x, reroll=True, target="cpu")
+    assert report.counts["reroll.chains"] >= 1 and not report.counts["reroll.recomputed"]
+    g = jax.grad(_jit_stack, argnums=(0, 1))
+    _, exact = _rewrite(g, ws, x, reroll=True, target="cpu", exact=True)
+    assert not exact.counts["reroll.recomputed"] and not exact.counts["reroll.chains"]
+
+
+def test_recomputed_gradient_differentiates_again():
+    """optimize of a gradient whose chains recompute, differentiated once more (the fused
+    forward;backward body is an ordinary call under jax.grad)."""
+    ws, x = _weights(4), jnp.linspace(-1, 1, 8).reshape(2, 4)
+
+    def h(x):
+        return sum(jnp.sum(t) for t in jax.tree.leaves(jax.grad(_jit_stack, (0, 1))(ws, x)))
+    got = jax.grad(jaxrewrite.optimize(h, reroll=True, target="cpu"))(x)
+    np.testing.assert_allclose(got, jax.grad(jax.jit(h))(x), rtol=1e-4, atol=1e-5)

@@ -38,13 +38,19 @@ chain of calls of one body (`passes/outline.py`) and rolled the same way; outlin
 chain rolls are inlined back.
 
 Outputs of the chain used outside it (residuals under `jax.grad`, intermediate activations)
-come out of the scan as stacked ys and are indexed where they were used; on the CPU at offsets
+come out of the scan as stacked ys (a carried value: the stacked inputs of the steps) and are
+indexed where they were used; on the CPU at offsets
 carried round a loop (`_offsets`), which XLA does not fold, so each row's reads and consumers
 compile to one kernel for all rows instead of one per row (`_cost` `reroll_runtime_offsets`).
 A chain is cut where an intermediate result is used before the chain ends. When a chain's
 per-iteration operands are exactly the ys of a chain rolled before it (in order, or in reverse:
 a backward pass consuming forward residuals), the scan reads those ys directly (`reverse=True`
 for the reverse order) instead of stacking a copy.
+
+Under `jax.grad` the forward chain's residuals are what the backward chain reads; on the CPU
+the backward calls are first made to recompute them (`passes/recompute.py`, `_cost`
+`reroll_recompute`), so the forward scan stacks only each step's carried input and the backward
+scan runs the forward body again, as a hand-written scan of checkpointed layers does.
 
 Whether rolling pays is decided per target by `_cost`: without a contraction only the forward
 is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
@@ -71,7 +77,7 @@ from .. import _exact
 from .. import _walk
 from .._report import Decline
 from .._structural import Keyer, literal_key
-from . import outline
+from . import outline, recompute
 
 NAME = "reroll"
 DEFAULT_MIN_LENGTH = 3
@@ -315,17 +321,19 @@ def _plan(chain: Chain, users: dict, ys_origin: dict):
             continue
         atoms = [e.invars[p] for e in chain.eqns]
         (invariant if _same_atom(atoms) else xs).append(p)
-    carried_q = set(carry_in.values())
-    ys = []
+    carried_p = {q: p for p, q in carry_in.items()}
+    ys = []   # ("out", result position) or ("in", carried operand position): stacked per step
     for q in range(len(first.outvars)):
         outs = [e.outvars[q] for e in chain.eqns]
-        if q in carried_q:
-            used = any(len([u for u in users.get(v, ()) if u != chain.idx[i + 1]]) > 0
-                       for i, v in enumerate(outs[:-1]) if not C.is_dropvar(v))
-        else:
-            used = any(not C.is_dropvar(v) and users.get(v) for v in outs)
-        if used:
-            ys.append(q)
+        if q in carried_p:
+            # a carried value used outside comes out as the stacked *inputs* of the steps: the
+            # same values but the first and last, and what a backward chain that recomputes
+            # each step (`recompute`) reads
+            if any(len([u for u in users.get(v, ()) if u != chain.idx[i + 1]]) > 0
+                   for i, v in enumerate(outs[:-1]) if not C.is_dropvar(v)):
+                ys.append(("in", carried_p[q]))
+        elif any(not C.is_dropvar(v) and users.get(v) for v in outs):
+            ys.append(("out", q))
     # per-iteration operands that are exactly a previous scan's ys (a contiguous run of them, in
     # order, or reversed: a backward pass consuming forward residuals) are read from those ys
     reverse = False
@@ -358,7 +366,8 @@ class _Layout:
     invariant: list                  # loop-invariant operand positions
     xs: list                         # scanned positions: stacked, a scan's ys, or literals
     listed: list                     # positions read from their list
-    ys: list                         # result positions that come out as stacked ys
+    ys: list                         # what comes out as stacked ys: ("out", result position)
+                                     # or ("in", carried operand position)
 
     def assemble(self, carry, inv, xs, rows) -> list:
         ins = [None] * len(self.first.invars)
@@ -368,8 +377,15 @@ class _Layout:
                 ins[p] = v
         return ins
 
-    def split_outs(self, outs):
-        return [outs[self.carry_in[p]] for p in self.carry_ps], [outs[q] for q in self.ys]
+    def split_outs(self, outs, carry):
+        """(carry out, ys) of one step from its results and its carried inputs."""
+        at = {p: n for n, p in enumerate(self.carry_ps)}
+        return ([outs[self.carry_in[p]] for p in self.carry_ps],
+                [outs[q] if kind == "out" else carry[at[q]] for kind, q in self.ys])
+
+    def y_aval(self, n: int):
+        kind, q = self.ys[n]
+        return self.first.outvars[q].aval if kind == "out" else C.aval_of(self.first.invars[q])
 
 
 def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False,
@@ -441,19 +457,51 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
         if not C.is_dropvar(old):
             env[old] = v
     at = []  # the k row offsets, made once the first row is read
-    for q, y in zip(ys, stacked):
+    for (kind, q), y in zip(ys, stacked):
         for s, i in enumerate(order):
-            old = chain.eqns[i].outvars[q]
+            if kind == "in":   # row s is step i's carried input: the first's, or step i-1's result
+                if i == 0:
+                    if not C.is_literal(chain.eqns[0].invars[q]):
+                        produced.append((chain.eqns[0].invars[q], (y, s, k)))
+                    continue
+                old = chain.eqns[i - 1].outvars[carry_in[q]]
+            else:
+                old = chain.eqns[i].outvars[q]
             if C.is_dropvar(old) or old in env or not users.get(old):
                 continue
             if offsets:
                 at = at or em.call(functools.partial(_offsets, k))
-                env[old] = em.call(lambda a, o: lax.dynamic_index_in_dim(a, o, keepdims=False),
-                                   y, at[s])[0]
+                env[old] = (em.call(_dynamic_row, y, at[s]) if C.is_varying(C.aval_of(y)) else
+                            em.inline(_row_at(C.aval_of(y), C.aval_of(at[s])), [y, at[s]]))[0]
             else:
-                env[old] = em.call(lambda a, s=s: lax.index_in_dim(a, s, keepdims=False), y)[0]
+                env[old] = (em.call(functools.partial(_static_row, s=s), y)
+                            if C.is_varying(C.aval_of(y)) else
+                            em.inline(_row(C.aval_of(y), s), [y]))[0]
             produced.append((env[old], (y, s, k)))
     return em.eqns, env, produced
+
+
+def _dynamic_row(a, o):
+    from jax import lax
+    return lax.dynamic_index_in_dim(a, o, keepdims=False)
+
+
+def _static_row(a, s: int):
+    from jax import lax
+    return lax.index_in_dim(a, s, keepdims=False)
+
+
+# Reading rows of stacked results: traced once per type (a gradient's k x leaves reads would
+# otherwise be as many traces, a third of the pass on a 32-layer step). Values with varying
+# manual axes trace under their equation's context (`Emitter.call`), not here.
+@functools.lru_cache(maxsize=256)
+def _row_at(aval, at_aval) -> C.ClosedJaxpr:
+    return C.trace_avals(_dynamic_row, [aval, at_aval])
+
+
+@functools.lru_cache(maxsize=256)
+def _row(aval, s: int) -> C.ClosedJaxpr:
+    return C.trace_avals(functools.partial(_static_row, s=s), [aval])
 
 
 def is_offsets_loop(eqn) -> bool:
@@ -489,7 +537,7 @@ def _stacked_scan(lay: _Layout, reverse: bool, unroll):
         init, inv, xv = args[:n_c], args[n_c:n_c + n_inv], args[n_c + n_inv:]
 
         def body(carry, x):
-            return lay.split_outs(C.eval_jaxpr(one, *lay.assemble(carry, inv, x, ())))
+            return lay.split_outs(C.eval_jaxpr(one, *lay.assemble(carry, inv, x, ())), carry)
 
         c, y = lax.scan(body, list(init), list(xv), length=lay.k, reverse=reverse, unroll=unroll)
         return [*c, *y]
@@ -516,7 +564,7 @@ def _forward_only(lay: _Layout, reverse: bool, unroll):
         ys = [None] * lay.k
         for s in (range(lay.k - 1, -1, -1) if reverse else range(lay.k)):
             c, ys[s] = lay.split_outs(C.eval_jaxpr(one, *lay.assemble(c, inv, [x[s] for x in xv],
-                                                                        ())))
+                                                                        ())), c)
         return [*c, *(jnp.stack([y[n] for y in ys]) for n in range(len(lay.ys)))]
 
     rolled = jax.custom_jvp(scan)
@@ -667,7 +715,8 @@ def _listed_scan(lay: _Layout, reverse: bool, unroll):
 
     def primal(*args):
         init, inv, xs, lists = split(args)
-        c, y = scan(lambda c, ix: lay.split_outs(step(c, inv, ix[1:], lists, ix[0])), init, xs)
+        c, y = scan(lambda c, ix: lay.split_outs(step(c, inv, ix[1:], lists, ix[0]), c), init,
+                    xs)
         return [*c, *y]
 
     def jvp(primals, tangents):
@@ -684,7 +733,7 @@ def _listed_scan(lay: _Layout, reverse: bool, unroll):
                                 for t, w in zip(dlists[m], lists[m])]) for m in l_d]
         dc0 = [dinit[j] if _nonzero(dinit[j]) else _zero_tangent(init[j]) for j in c_d]
         dinv_d = [dinv[j] for j in inv_d]
-        y_d = [n for n, q in enumerate(lay.ys) if _inexact(lay.first.outvars[q].aval)]
+        y_d = [n for n in range(len(lay.ys)) if _inexact(lay.y_aval(n))]
 
         @wrap
         def step_jvp(c, dc, inv, dinv, x, dx, lists, i, t):
@@ -705,8 +754,11 @@ def _listed_scan(lay: _Layout, reverse: bool, unroll):
             (c, dc), i = carry, ix[0]
             x, dx, t = ix[1:1 + n_x], ix[1 + n_x:1 + n_x + len(x_d)], ix[1 + n_x + len(x_d):]
             outs, douts = step_jvp(c, dc, inv, dinv_d, x, dx, lists, i, t)
-            c_out, y_out = lay.split_outs(outs)
-            dc_out, dy_out = lay.split_outs(douts)
+            c_out, y_out = lay.split_outs(outs, c)
+            dc_in = [_zero_tangent(v) for v in c]
+            for j, t in zip(c_d, dc):
+                dc_in[j] = t
+            dc_out, dy_out = lay.split_outs(douts, dc_in)
             return (c_out, [dc_out[j] for j in c_d]), (y_out, [dy_out[n] for n in y_d])
 
         (c, dc), (y, dy) = scan(body, (init, dc0), [*xs, *(dxs[j] for j in x_d), *stacked_t])
@@ -747,6 +799,46 @@ def _has_contraction(call) -> bool:
                                         else _body_of(call)))
 
 
+def _forward_only_reason(call, ctx) -> str | None:
+    """Why a chain of `call`s is rolled forward only (its backward kept unrolled), or None."""
+    return (_cost.reroll_backward(_has_contraction(call), ctx.target)
+            if _differentiable(call) else None)
+
+
+def _chains(eqns, outvars, keyer: Keyer, min_len: int):
+    chains = _find_chains(eqns, keyer)
+    users = _users(eqns, outvars)
+    chains = [p for c in chains for p in _cut(c, users)]
+    return [c for c in chains if len(c.eqns) >= min_len], users
+
+
+def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx):
+    """(eqns, chains, users) after backward chains that read forward residuals are made to
+    recompute them (`recompute.fuse`), where both chains then roll whole; else as they were."""
+    def may_pair(fwd, bwd):
+        return (_forward_only_reason(fwd.eqns[0], ctx) is None
+                and _exact.reason(ctx, [a for e in (*fwd.eqns, *bwd.eqns)
+                                        for a in _exact.eqn_atoms(e)], "rolling") is None)
+
+    new_eqns, made = recompute.fuse(eqns, chains, may_pair)
+    if not made:
+        return eqns, chains, users
+    new_chains, new_users = _chains(new_eqns, outvars, keyer, min_len)
+    fused = [c for c in new_chains if id(_body_of(c.eqns[0])) in made]
+    try:   # every fused call must be in a chain that rolls (else the forward runs twice)
+        if sum(len(c.eqns) for c in fused) != sum(
+                1 for e in new_eqns if C.is_jit(e) and id(_body_of(e)) in made):
+            raise Decline("a recomputing call is not in a chain")
+        for c in fused:
+            _plan(_generalize(c, keyer), new_users, {})
+    except Decline as d:
+        ctx.report.count(f"{NAME}.recompute_declined")
+        ctx.report.stats.setdefault("reroll.recompute_declined", []).append(str(d))
+        return eqns, chains, users
+    ctx.report.count(f"{NAME}.recomputed", len(fused))
+    return new_eqns, new_chains, new_users
+
+
 def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
     eqns = list(jaxpr.eqns)
     chains = _find_chains(eqns, keyer)
@@ -757,6 +849,9 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
     chains = [c for c in chains if len(c.eqns) >= min_len]
     if not chains:
         return jaxpr, 0
+    costs = _cost.costs(ctx.target)
+    if costs.reroll_recompute:
+        eqns, chains, users = _recompute(eqns, chains, users, jaxpr.outvars, keyer, min_len, ctx)
     chains.sort(key=lambda c: c.idx[-1])
     at_end = {c.idx[-1]: c for c in chains}
     removed = {i for c in chains for i in c.idx[:-1]}
@@ -777,9 +872,7 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         try:
             _exact.check(ctx, [a for e in chain.eqns for a in _exact.eqn_atoms(e)], "rolling")
             chain = _generalize(chain, keyer)
-            why = (_cost.reroll_backward(_has_contraction(chain.eqns[0]), ctx.target)
-                   if _differentiable(chain.eqns[0]) else None)
-            costs = _cost.costs(ctx.target)
+            why = _forward_only_reason(chain.eqns[0], ctx)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
                                        lists=costs.reroll_list_read, forward_only=why,
                                        offsets=costs.reroll_runtime_offsets)
