@@ -93,18 +93,22 @@ def _fused_body(f0, b0, taken: dict, shared: dict):
     return body, kept
 
 
-def fuse(eqns: list, chains: list, may_pair) -> tuple[list, set]:
-    """(equations, ids of the bodies made): every backward chain that reads a forward chain's
-    residuals, with `may_pair(fwd, bwd)` true, becomes calls of `F;B` (module docstring).
+def fuse(eqns: list, chains: list, may_pair) -> tuple[list, set, set]:
+    """(equations, ids of the bodies made, ids of the forward bodies they recompute): every
+    backward chain that reads a forward chain's residuals, with `may_pair(fwd, bwd)` true,
+    becomes calls of `F;B` (module docstring).
 
     The chains' calls must each share one body object (`reroll._generalize` has not run: bodies
     that differ in literals are left as they are)."""
     eqns = list(eqns)
     made: set = set()
-    fwd_of = {}
+    forwards: set = set()
+    fwd_of = {}   # id(backward chain) -> id(its forward chain): each chain in one pair at most
     for bwd in chains:
+        if id(bwd) in fwd_of.values():
+            continue
         for fwd in chains:
-            if fwd is bwd or id(fwd) in fwd_of.values():
+            if fwd is bwd or id(fwd) in fwd_of.values() or id(fwd) in fwd_of:
                 continue
             if any(_body_of(e) is not _body_of(ch.eqns[0]) for ch in (fwd, bwd) for e in ch.eqns):
                 continue
@@ -126,6 +130,7 @@ def fuse(eqns: list, chains: list, may_pair) -> tuple[list, set]:
                         break
             body, kept = _fused_body(f0, b0, taken, shared)
             made.add(id(body))
+            forwards.add(id(_body_of(f0)))
             for b, i, at in zip(bwd.eqns, order, bwd.idx):
                 f = fwd.eqns[i]
                 ins = [b.invars[p] for p in kept] + [a for r, a in enumerate(f.invars)
@@ -133,4 +138,4 @@ def fuse(eqns: list, chains: list, may_pair) -> tuple[list, set]:
                 eqns[at] = C.make_jit_eqn(ins, list(b.outvars), body, "recomputed",
                                           b.source_info, b.ctx)
             break
-    return eqns, made
+    return eqns, made, forwards

@@ -806,7 +806,10 @@ def _forward_only_reason(call, ctx) -> str | None:
 
 
 def _chains(eqns, outvars, keyer: Keyer, min_len: int):
+    """(chains worth rolling, cut where an intermediate is used early; users of each value)."""
     chains = _find_chains(eqns, keyer)
+    if not chains:
+        return [], {}
     users = _users(eqns, outvars)
     chains = [p for c in chains for p in _cut(c, users)]
     return [c for c in chains if len(c.eqns) >= min_len], users
@@ -820,17 +823,19 @@ def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx):
                 and _exact.reason(ctx, [a for e in (*fwd.eqns, *bwd.eqns)
                                         for a in _exact.eqn_atoms(e)], "rolling") is None)
 
-    new_eqns, made = recompute.fuse(eqns, chains, may_pair)
+    new_eqns, made, forwards = recompute.fuse(eqns, chains, may_pair)
     if not made:
         return eqns, chains, users
     new_chains, new_users = _chains(new_eqns, outvars, keyer, min_len)
     fused = [c for c in new_chains if id(_body_of(c.eqns[0])) in made]
-    try:   # every fused call must be in a chain that rolls (else the forward runs twice)
+    try:   # every fused call, and the forward it recomputes, must be in a chain that rolls
+        # (else the forward runs twice)
         if sum(len(c.eqns) for c in fused) != sum(
                 1 for e in new_eqns if C.is_jit(e) and id(_body_of(e)) in made):
             raise Decline("a recomputing call is not in a chain")
-        for c in fused:
-            _plan(_generalize(c, keyer), new_users, {})
+        for c in new_chains:
+            if id(_body_of(c.eqns[0])) in made | forwards:
+                _plan(_generalize(c, keyer), new_users, {})
     except Decline as d:
         ctx.report.count(f"{NAME}.recompute_declined")
         ctx.report.stats.setdefault("reroll.recompute_declined", []).append(str(d))
@@ -841,12 +846,7 @@ def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx):
 
 def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
     eqns = list(jaxpr.eqns)
-    chains = _find_chains(eqns, keyer)
-    if not chains:
-        return jaxpr, 0
-    users = _users(eqns, jaxpr.outvars)
-    chains = [p for c in chains for p in _cut(c, users)]
-    chains = [c for c in chains if len(c.eqns) >= min_len]
+    chains, users = _chains(eqns, jaxpr.outvars, keyer, min_len)
     if not chains:
         return jaxpr, 0
     costs = _cost.costs(ctx.target)
