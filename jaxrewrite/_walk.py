@@ -15,6 +15,7 @@ Three tools every pass uses:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import Callable, Sequence
 
@@ -244,6 +245,16 @@ class Emitter:
                            self.eqn.ctx)  # the ctx: manual axes inside shard_map bodies
         return self.inline(cj, atoms)
 
+    def call_shared(self, fun: Callable, *atoms, static: tuple = ()) -> list:
+        """`call` of a module-level `fun(*atoms, *static)` that is emitted many times: traced
+        once per operand types and `static` (hashable) arguments, not once per use (a rolled
+        gradient's row reads: k x leaves of them). Operands varying over manual axes trace
+        under this equation's context, as in `call`."""
+        avals = tuple(C.aval_of(a) for a in atoms)
+        if any(C.is_varying(a) for a in avals):
+            return self.call(lambda *xs: fun(*xs, *static), *atoms)
+        return self.inline(_traced(fun, avals, tuple(static)), atoms)
+
     def inline(self, cj: C.ClosedJaxpr, atoms: Sequence) -> list:
         env = {}
         for v, c in zip(cj.jaxpr.constvars, cj.consts):
@@ -272,6 +283,11 @@ class Emitter:
 
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+@functools.lru_cache(maxsize=512)
+def _traced(fun: Callable, avals: tuple, static: tuple) -> C.ClosedJaxpr:
+    return C.trace_avals(lambda *xs: _as_list(fun(*xs, *static)), avals)
 
 
 # --- inlining -----------------------------------------------------------------------------------

@@ -4,9 +4,10 @@ Skipped where the `models` extra (Flax, Haiku, Equinox, optax) is not installed.
 
 Tolerance, in terms of training: over 100 adam steps on one batch, every step's loss with
 reroll=True is within `LOSS_RTOL` (relative) of jax.jit's (measured, 4 layers, the backward
-recomputing on the CPU: at most 4.6e-5 Haiku; 3.0e-6 Flax; 1.0e-6 Equinox). The scan sums in the same order as the unrolled program, but
-XLA fuses a loop body differently, so float results differ in the last bits and adam, which
-divides by the square root of small second moments, amplifies that over the steps.
+recomputing on the CPU: at most 4.6e-5 Haiku; 3.0e-6 Flax; 1.0e-6 Equinox). The scan sums in the
+same order as the unrolled program, but XLA fuses a loop body differently, so float results differ
+in the last bits and adam, which divides by the square root of small second moments, amplifies
+that over the steps.
 """
 import os
 import sys

@@ -155,7 +155,7 @@ def test_rows_of_stacked_results_are_read_at_runtime_offsets_on_the_cpu():
     offsets = set(loops[0].outvars)
     assert any(e.primitive.name == "dynamic_slice" for e in _walk.iter_eqns(cj))
     assert _top(cj, "slice") == 0
-    # each row read is fed by one of the loop's offsets (through the read's jitted helper)
+    # each row read (a dynamic_slice) is fed by one of the loop's offsets
     fed = [a for e in cj.jaxpr.eqns if e.primitive.name != "scan" for a in e.invars
            if not C.is_literal(a) and a in offsets]
     assert len(fed) == 4 and len(set(fed)) == 4   # (the last row is the carry itself)
@@ -476,10 +476,13 @@ def test_recompute_needs_residuals_and_permission():
 
 def test_recomputed_gradient_differentiates_again():
     """optimize of a gradient whose chains recompute, differentiated once more (the fused
-    forward;backward body is an ordinary call under jax.grad)."""
+    forward;backward body is an ordinary call under jax.grad). The weights are arguments:
+    closed over, they would be constants that `fold` specialises each layer on."""
     ws, x = _weights(4), jnp.linspace(-1, 1, 8).reshape(2, 4)
 
-    def h(x):
+    def h(ws, x):
         return sum(jnp.sum(t) for t in jax.tree.leaves(jax.grad(_jit_stack, (0, 1))(ws, x)))
-    got = jax.grad(jaxrewrite.optimize(h, reroll=True, target="cpu"))(x)
-    np.testing.assert_allclose(got, jax.grad(jax.jit(h))(x), rtol=1e-4, atol=1e-5)
+    _, report = _rewrite(h, ws, x, reroll=True, target="cpu")
+    assert report.counts["reroll.recomputed"] == 1 and report.counts["reroll.chains"] == 2
+    got = jax.grad(jaxrewrite.optimize(h, reroll=True, target="cpu"), argnums=1)(ws, x)
+    np.testing.assert_allclose(got, jax.grad(jax.jit(h), argnums=1)(ws, x), rtol=1e-4, atol=1e-5)

@@ -15,11 +15,11 @@ by the backward one, as `jax.checkpoint` of the layer would make it.
     after:   c1, _  = jit[F] c0 w1          b1' = jit[F;B] g2 c1 w2     (F;B: r = F(c, w);
              c2, _  = jit[F] c1 w2          b0' = jit[F;B] g1 c0 w1      B(g, r, w))
 
-Used by `reroll` (never on its own), and only where both chains then roll whole: the forward
-scan emits its carried inputs as ys (`reroll._plan`), the backward scan reads them in reverse.
-Which targets do this is the cost model's `reroll_recompute` (the CPU). The recomputed forward calls compute the same operations on the
-same operands; XLA fuses them with the backward body, so float results may differ in the last
-bits, as rolling's own (README, "Exactness").
+Used by `reroll` (never on its own), and only where both chains then roll whole: the forward scan
+emits its carried inputs as ys (`reroll._plan`), the backward scan reads them in reverse. Which
+targets do this is the cost model's `reroll_recompute` (the CPU). The recomputed forward calls
+compute the same operations on the same operands; XLA fuses them with the backward body, so float
+results may differ in the last bits, as rolling's own (README, "Exactness").
 """
 from __future__ import annotations
 

@@ -471,12 +471,9 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
                 continue
             if offsets:
                 at = at or em.call(functools.partial(_offsets, k))
-                env[old] = (em.call(_dynamic_row, y, at[s]) if C.is_varying(C.aval_of(y)) else
-                            em.inline(_row_at(C.aval_of(y), C.aval_of(at[s])), [y, at[s]]))[0]
+                env[old] = em.call_shared(_dynamic_row, y, at[s])[0]
             else:
-                env[old] = (em.call(functools.partial(_static_row, s=s), y)
-                            if C.is_varying(C.aval_of(y)) else
-                            em.inline(_row(C.aval_of(y), s), [y]))[0]
+                env[old] = em.call_shared(_static_row, y, static=(s,))[0]
             produced.append((env[old], (y, s, k)))
     return em.eqns, env, produced
 
@@ -489,19 +486,6 @@ def _dynamic_row(a, o):
 def _static_row(a, s: int):
     from jax import lax
     return lax.index_in_dim(a, s, keepdims=False)
-
-
-# Reading rows of stacked results: traced once per type (a gradient's k x leaves reads would
-# otherwise be as many traces, a third of the pass on a 32-layer step). Values with varying
-# manual axes trace under their equation's context (`Emitter.call`), not here.
-@functools.lru_cache(maxsize=256)
-def _row_at(aval, at_aval) -> C.ClosedJaxpr:
-    return C.trace_avals(_dynamic_row, [aval, at_aval])
-
-
-@functools.lru_cache(maxsize=256)
-def _row(aval, s: int) -> C.ClosedJaxpr:
-    return C.trace_avals(functools.partial(_static_row, s=s), [aval])
 
 
 def is_offsets_loop(eqn) -> bool:
@@ -682,6 +666,14 @@ def _zero_tangent(x):
     return jnp.zeros_like(x) if _inexact(x) else np.zeros(np.shape(x), jax.dtypes.float0)
 
 
+def _tangents(primals, positions, tangents) -> list:
+    """Tangents for `primals`: `tangents` at `positions`, zeros (float0 for integers) elsewhere."""
+    out = [_zero_tangent(v) for v in primals]
+    for j, t in zip(positions, tangents):
+        out[j] = t
+    return out
+
+
 def _listed_scan(lay: _Layout, reverse: bool, unroll):
     """The rolled chain as a function of (init, invariants, xs, lists flattened), a `custom_jvp`.
 
@@ -755,20 +747,11 @@ def _listed_scan(lay: _Layout, reverse: bool, unroll):
             x, dx, t = ix[1:1 + n_x], ix[1 + n_x:1 + n_x + len(x_d)], ix[1 + n_x + len(x_d):]
             outs, douts = step_jvp(c, dc, inv, dinv_d, x, dx, lists, i, t)
             c_out, y_out = lay.split_outs(outs, c)
-            dc_in = [_zero_tangent(v) for v in c]
-            for j, t in zip(c_d, dc):
-                dc_in[j] = t
-            dc_out, dy_out = lay.split_outs(douts, dc_in)
+            dc_out, dy_out = lay.split_outs(douts, _tangents(c, c_d, dc))
             return (c_out, [dc_out[j] for j in c_d]), (y_out, [dy_out[n] for n in y_d])
 
         (c, dc), (y, dy) = scan(body, (init, dc0), [*xs, *(dxs[j] for j in x_d), *stacked_t])
-        dc_all = [_zero_tangent(v) for v in c]
-        for j, v in zip(c_d, dc):
-            dc_all[j] = v
-        dy_all = [_zero_tangent(v) for v in y]
-        for n, v in zip(y_d, dy):
-            dy_all[n] = v
-        return [*c, *y], [*dc_all, *dy_all]
+        return [*c, *y], [*_tangents(c, c_d, dc), *_tangents(y, y_d, dy)]
 
     rolled = jax.custom_jvp(primal)
     rolled.defjvp(jvp, symbolic_zeros=True)
