@@ -16,6 +16,11 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   fusion's emitter computes a shared value once per path to it (an ARX hash re-joined into 8
   words: 100x slower); a piece re-joined otherwise gets its whole producer cone in a loop
   fusion of its own (compile time). `join_model` estimates both on the emitted split form.
+* CPU, one loop fusion's size: XLA:CPU's fusion emitter runs a loop fusion past ~3,000
+  instructions many times slower than the same code split in two (a 4x4 ARX hash, 4,096 blocks:
+  piece cones of 2,981 / 3,173 / 3,365 / 3,557 equations ran 0.79x / 1.5x / 86x / 3,500x
+  jax.jit's time; with the legacy emitter, `--xla_cpu_use_fusion_emitters=false`, the last one
+  ran in 2.3-3.4 ms against jax.jit's ~6 ms). `max_piece_cone` keeps every re-joined piece's loop below that.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
   5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless); XLA's own fusion limits
   end a fusion past 10 double rounds (2 -> 3 kernels), so a split region is not cut here: the
@@ -130,6 +135,15 @@ class TargetCosts:
     # undone (40 gathers) 1.99 -> 0.25-0.32x (0.12-0.22x at 65,536).
     max_lane_work: float = float("inf")
     mover_work: float = 1.0
+    # Largest producer cone one re-joined piece may carry into its loop fusion (run time).
+    # XLA:CPU (jax 0.10.2, its MLIR fusion emitter) falls off a cliff near 3,000 instructions
+    # in one loop fusion. Measured (paired, run vs jax.jit; largest piece cone), 4,096 blocks:
+    # 4x4 ARX hash with a message, 16 / 17 / 18 / 19 rounds 2,981 -> 0.79x, 3,173 -> 1.5x,
+    # 3,365 -> 86x, 3,557 -> 3,500x (CI's long property run: not finished in 60 s at 65,536;
+    # uint64 2.1x); ChaCha20 14 / 17 / 20 double rounds 2,163 -> 0.69x, 2,643 -> 0.53x,
+    # 3,123 -> 7.1x, 24 unfinished in minutes. The wins measured above: cones of 1,369-1,859.
+    # 0: none (GPU: not measured).
+    max_piece_cone: int = 0
     # Axes longer than `max_axis`, up to this, are split too where the fused-code estimate
     # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py unrolls loops for
     # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
@@ -152,7 +166,7 @@ COSTS: dict[str, TargetCosts] = {
                        reroll_runtime_offsets=True, reroll_recompute=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
-                       cost_axis=32),
+                       max_piece_cone=2400, cost_axis=32),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -292,6 +306,7 @@ class JoinModel:
     growth: float          # `fused` per equation of the original level
     summary: str           # the estimate, said in the report
     lanes: int = 1         # most pieces a value is split into (words jax.jit's equations hold)
+    largest: int = 0       # the most equations one fusion ending at a re-join holds
 
 
 def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
@@ -313,15 +328,18 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
     c = costs(target)
     if not c.concat_fuse_max or not joins:
         return JoinModel((), 0, 0, 0.0, "")
-    apart, fused, worst = [], 0, 0.0
+    apart, fused, worst, largest = [], 0, 0.0, 0
     for k, j in enumerate(joins):
         fused += sum(j.cones)
+        largest = max(largest, max(j.cones, default=0))
         if j.pieces > c.concat_fuse_max:
             continue
         ratio = sum(j.paths) / max(1, sum(j.cones))
         worst = max(worst, ratio)
         if ratio > c.max_recompute:
             apart.append(k)
+        else:  # one concatenate fusion holds all the pieces' cones
+            largest = max(largest, j.union)
     growth = fused / max(1, eqns_before)
     summary = (f"fused-code estimate on {target}: {fused} instructions for {len(joins)} "
                f"re-join(s) ({growth:.1f}x the level's {eqns_before} equations)")
@@ -330,7 +348,7 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
     if apart:
         summary += f", {len(apart)} re-join(s) kept apart (each piece its own loop fusion)"
     return JoinModel(tuple(apart), fused, sum(j.pieces for j in joins), growth, summary,
-                     max(lanes, 1))
+                     max(lanes, 1), largest)
 
 
 def lane_work(model: JoinModel, plan: ScalarizePlan, target: str | None) -> float:
@@ -348,6 +366,10 @@ def fused_limit(model: JoinModel, target: str | None,
     if model.growth > c.max_fused_growth:
         return (f"{model.summary}: more than {c.max_fused_growth:g}x the level's equations "
                 f"(compile time)")
+    if c.max_piece_cone and model.largest > c.max_piece_cone:
+        return (f"{model.summary}: a re-joined piece's loop fusion would hold {model.largest} "
+                f"equations, more than {c.max_piece_cone} (XLA:CPU's fusion emitter runs "
+                f"larger loops many times slower: run time)")
     if plan is not None and (work := lane_work(model, plan, target)) > c.max_lane_work:
         return (f"{model.summary}: {work:.2f}x jax.jit's work per lane, more than "
                 f"{c.max_lane_work:g}x (each re-joined piece's loop recomputes its cone)")
