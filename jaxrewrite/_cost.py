@@ -410,6 +410,14 @@ class LoopCosts:
     # of a loop-invariant message does not count: 4x4 state, one permutation and a message
     # gather per trip ran 1.2-1.75x split.
     min_body_permutations: int = 0
+    # Fewest trips for a carry to be split in the rolled loop. The split body's compile time is
+    # paid once, whatever the trip count, and only trips pay it back; a shorter loop is unrolled
+    # where scalarize's model of the whole level splits it (its fused-code and re-join costs),
+    # else kept as jax.jit's. Measured (CPU, paired, 25-lane ARX state with a message, 4,097
+    # blocks, carry split: compile / run vs jax.jit): 1 trip 3.9-4.7x / 0.74-0.94x (CI's long
+    # never-worse run: compile over 3x for no 1.5x run gain), 2 trips 4.5x / 0.41-0.76x,
+    # 3 trips 4.4-4.6x / 0.39-0.62x; 4 trips, 4,096 blocks: 4.5-5.1x / 0.40-0.52x.
+    min_split_trips: int = 1
 
 
 LOOP_COSTS: dict[str, LoopCosts] = {
@@ -417,7 +425,7 @@ LOOP_COSTS: dict[str, LoopCosts] = {
     # ran 1.00x the hand-written 16-word form (rolled, as jax.jit: 1.68x); a rolled loop costs
     # no launches there, so only a split pays for the compile time unrolling adds.
     "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True,
-                     min_body_permutations=2),
+                     min_body_permutations=2, min_split_trips=3),
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.

@@ -332,7 +332,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
-        if split_carry:
+        if split_carry and trips >= lc.min_split_trips:
             if not plan.moves:
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
