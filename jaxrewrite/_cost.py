@@ -20,7 +20,7 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   instructions many times slower than the same code split in two (a 4x4 ARX hash, 4,096 blocks:
   piece cones of 2,981 / 3,173 / 3,365 / 3,557 equations ran 0.79x / 1.5x / 86x / 3,500x
   jax.jit's time; with the legacy emitter, `--xla_cpu_use_fusion_emitters=false`, the last one
-  ran in 2.3-3.4 ms against jax.jit's ~6 ms). `max_piece_cone` keeps every re-joined piece's loop below that.
+  ran in 2.3-3.4 ms against jax.jit's ~6 ms). `max_piece_cone` keeps each such fusion below it.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
   5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless); XLA's own fusion limits
   end a fusion past 10 double rounds (2 -> 3 kernels), so a split region is not cut here: the
@@ -320,6 +320,8 @@ def join_model(joins: Sequence[JoinCone], eqns_before: int, target: str | None,
     | ... and sum(paths) > max_recompute | kept apart (a stack of > 8 operands): a    |
     |     x sum(cones)                  | loop fusion per piece                      |
 
+    Largest fusion (`largest`, bounded by `max_piece_cone`): a piece's cone in its own loop,
+    all the pieces' cones (their union) in one concatenate fusion.
     Instructions compiled: the sum of the pieces' cones either way. Fused, the concatenate
     emitter computes sum(paths) instead: exponential along an ARX chain, where every rotate
     uses its operand twice. Targets with `concat_fuse_max` 0 are not modelled (GPU, TPU):
@@ -416,7 +418,8 @@ class LoopCosts:
     # else kept as jax.jit's. Measured (CPU, paired, 25-lane ARX state with a message, 4,097
     # blocks, carry split: compile / run vs jax.jit): 1 trip 3.9-4.7x / 0.74-0.94x (CI's long
     # never-worse run: compile over 3x for no 1.5x run gain), 2 trips 4.5x / 0.41-0.76x,
-    # 3 trips 4.4-4.6x / 0.39-0.62x; 4 trips, 4,096 blocks: 4.5-5.1x / 0.40-0.52x.
+    # 3 trips 4.4-4.6x / 0.39-0.62x; another draw (uint32, 4 trips, 4,096 blocks): 4.5-5.1x /
+    # 0.40-0.52x.
     min_split_trips: int = 1
 
 

@@ -39,7 +39,8 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    stays rolled and its carry is carried as pieces (`loop_carry.py`), where each trip permutes
    carried data at least twice (`min_body_permutations`) and scalarize would split the new body
    with no re-join of the carry (asked first, with a scratch report). Otherwise it stays as it
-   was, with the reason.
+   was, with the reason. A loop of fewer than `min_split_trips` trips is decided as in 2
+   instead: the split body's compile time is paid once, and too few trips do not pay it back.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
