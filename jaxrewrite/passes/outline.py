@@ -45,19 +45,26 @@ MAX_RUNS = 8          # runs outlined per level
 LAGS = 8              # occurrences of a signature looked back at for candidate periods
 
 
-def _signatures(eqns, keyer: Keyer, bodies: frozenset = frozenset()) -> np.ndarray:
-    """One id per equation; -1 - i (unique: never in a run) for an effect and for a call of a
-    body outlined before at this level (`bodies`): outlining L layers and then, in the next
-    round, groups of 8 of those calls would nest them (a scan of L/8 trips of 8 layers)."""
-    table: dict = {}
-    ids = np.empty(len(eqns), np.int64)
-    for i, e in enumerate(eqns):
-        if C.has_effects(e) or (bodies and C.is_jit(e) and id(e.params["jaxpr"]) in bodies):
-            ids[i] = -1 - i
+def _signatures(eqns, keyer: Keyer, table: dict) -> list:
+    """One id per equation, -1 for one that never repeats (an effect). Ids come from `table`
+    (signature -> id), kept across a level's rounds of outlining: equations a round leaves in
+    place keep theirs, and only its new calls get ids (`_unique`)."""
+    ids = []
+    for e in eqns:
+        if C.has_effects(e):
+            ids.append(-1)
             continue
         ins = tuple(keyer.literal(a) if C.is_literal(a) else ("var", keyer.aval(a.aval))
                     for a in e.invars)
-        ids[i] = table.setdefault(keyer.eqn_key(e, ins), len(table))
+        ids.append(table.setdefault(keyer.eqn_key(e, ins), len(table)))
+    return ids
+
+
+def _unique(sigs: list) -> np.ndarray:
+    """`sigs` with each -1 made unique (-1 - its position): never in a run."""
+    ids = np.asarray(sigs, np.int64)
+    never = np.flatnonzero(ids < 0)
+    ids[never] = -1 - never
     return ids
 
 
@@ -79,15 +86,18 @@ def _periods(ids: np.ndarray, min_len: int) -> list[int]:
     training step an optimizer's update (one short block per parameter leaf) aligns more
     equations in total than the layers do, so one-layer periods never made the cut, although
     a layer is the longest periodic stretch."""
-    seen: dict = {}
+    at = np.flatnonzero(ids >= 0)
+    at = at[np.argsort(ids[at], kind="stable")]     # positions grouped by signature, in order
+    grouped = ids[at]
     gaps: collections.Counter = collections.Counter()
-    for i, s in enumerate(ids.tolist()):
-        if s >= 0:
-            prev = seen.setdefault(s, collections.deque(maxlen=LAGS))
-            gaps.update(i - j for j in prev)
-            prev.append(i)
+    for lag in range(1, LAGS + 1):                  # each occurrence to the lag-th one before it
+        same = grouped[lag:] == grouped[:-lag]
+        vals, counts = np.unique((at[lag:] - at[:-lag])[same], return_counts=True)
+        gaps.update(dict(zip(vals.tolist(), counts.tolist())))
     limit = len(ids) // max(min_len, 1)
-    cands = [g for g, _ in gaps.most_common(4 * MAX_PERIODS) if g <= limit]
+    # the most frequent distances, ties to the shortest
+    frequent = sorted(gaps.items(), key=lambda gc: (-gc[1], gc[0]))[:4 * MAX_PERIODS]
+    cands = [g for g, _ in frequent if g <= limit]
     longest = {g: _longest(ids, g) for g in cands}
     top = sorted(cands, key=lambda g: (-longest[g], g))[:MAX_PERIODS]
     # ... and their multiples (a layer of 3 identical blocks repeats with period 3 blocks,
@@ -128,6 +138,29 @@ def _positions(eqns, p: int, L: int, k: int) -> dict:
     return pos
 
 
+def _references(eqns, start: int, L: int):
+    """(how segment [start, start + L) references its own values, the atoms it reads from
+    outside it, in slot order). An operand is defined before it is read, so the segment's own
+    values are known by the time they are read."""
+    own: dict = {}
+    refs, ext = [], []
+    Lit = C.Literal   # (isinstance inline: this loop sees every operand of every candidate)
+    for o in range(L):
+        e = eqns[start + o]
+        for r, a in enumerate(e.invars):
+            if isinstance(a, Lit):
+                continue
+            d = own.get(a)
+            if d is not None:
+                refs.append((o, r) + d)
+            else:
+                refs.append((o, r))
+                ext.append(a)
+        for q, v in enumerate(e.outvars):
+            own[v] = (o, q)
+    return refs, ext
+
+
 def _uses(eqns, outvars) -> dict:
     """Each value -> the equations that read it (len(eqns) for the level's outputs)."""
     uses: dict = {}
@@ -142,51 +175,40 @@ def _uses(eqns, outvars) -> dict:
 
 
 def _verify(eqns, uses: dict, p: int, L: int, k: int):
-    """(slot groups, exports, external atoms per segment) when segments [p + m L, p + (m+1) L)
-    for m < k reference each other alike; else None. A slot is an operand position (offset,
-    operand index) not defined in its own segment; slots that hold the same atom in every
-    segment are one argument (a group). Exports are the (offset, output) positions whose value
-    is used outside its own segment."""
-    pos = _positions(eqns, p, L, k)
-    ref0 = None
-    slots: list = []       # per segment: the external atoms, in slot order
-    for m in range(k):
-        refs, ext = [], []
-        for o in range(L):
-            for r, a in enumerate(eqns[p + m * L + o].invars):
-                if C.is_literal(a):
-                    continue
-                d = pos.get(a)
-                if d is not None and d[0] == m:
-                    refs.append((o, r, d[1], d[2]))
-                else:
-                    refs.append((o, r))
-                    ext.append(a)
-        if ref0 is None:
-            ref0 = refs
-        elif refs != ref0:
+    """(slot groups, exports, external atoms per segment, positions) when segments
+    [p + m L, p + (m+1) L) for m < k reference each other alike; else None. A slot is an
+    operand position (offset, operand index) not defined in its own segment; slots that hold
+    the same atom in every segment are one argument (a group). Exports are the (offset, output)
+    positions whose value is used outside its own segment. Segments are compared one by one,
+    so a candidate that does not repeat is dropped at its first differing segment."""
+    ref0, ext0 = _references(eqns, p, L)
+    slots: list = [ext0]       # per segment: the external atoms, in slot order
+    for m in range(1, k):
+        refs, ext = _references(eqns, p + m * L, L)
+        if refs != ref0:
             return None
         slots.append(ext)
     # one argument per distinct column of atoms across the segments
     groups: dict = {}
     for s in range(len(slots[0])):
         groups.setdefault(tuple(seg[s] for seg in slots), []).append(s)
+    pos = _positions(eqns, p, L, k)
     exports = set()
     end = p + k * L
     for v, d in pos.items():
         if (d[1], d[2]) not in exports and any(
                 not p <= i < end or (i - p) // L != d[0] for i in uses.get(v, ())):
             exports.add((d[1], d[2]))
-    return list(groups.values()), sorted(exports), slots
+    return list(groups.values()), sorted(exports), slots, pos
 
 
-def _rolls(eqns, p: int, L: int, k: int, slots) -> bool:
+def _rolls(pos: dict, k: int, slots) -> bool:
     """Whether the run is a chain `reroll` can roll: every segment after the first takes, in each
     argument slot, either a value from outside the run or the same output of the segment just
     before it (a carry, wired alike in every segment). ChaCha20's 16 words: one quarter round
     repeats 80 times, but four in a row read the same state; a single round repeats 20 times,
-    but columns and diagonals permute the words differently; the double round is the chain."""
-    pos = _positions(eqns, p, L, k)
+    but columns and diagonals permute the words differently; the double round is the chain.
+    `pos`: the run's `_positions`."""
     wiring = None
     for m in range(1, k):
         link = []
@@ -236,7 +258,7 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
         if best is not None and cover < best[0][0]:
             break
         found = _verify(eqns, uses, phase, -neg_l, k)
-        if found is not None and _rolls(eqns, phase, -neg_l, k, found[2]):
+        if found is not None and _rolls(found[3], k, found[2]):
             score = (cover, -len(found[0]), neg_l)
             if best is None or score > best[0]:
                 best = (score, (phase, -neg_l, k, found))
@@ -291,18 +313,22 @@ def _hoist_constants(eqns) -> list:
 
 
 def outline_level(jaxpr, keyer: Keyer, min_len: int):
-    """(new jaxpr, bodies outlined) for one level; (jaxpr, set()) when no run is found."""
+    """(new jaxpr, bodies outlined) for one level; (jaxpr, set()) when no run is found.
+
+    Each round's calls never repeat (-1 in `sigs`): outlining L layers and then, in the next
+    round, groups of 8 of those calls would nest them (a scan of L/8 trips of 8 layers)."""
     import jax
     bodies: set = set()
     original = jaxpr
     jaxpr = C.replace_jaxpr(jaxpr, eqns=_hoist_constants(jaxpr.eqns))
+    table: dict = {}
+    sigs = _signatures(jaxpr.eqns, keyer, table)
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
-        run = _find_run(eqns, jaxpr.outvars, _signatures(eqns, keyer, frozenset(bodies)),
-                        min_len)
+        run = _find_run(eqns, jaxpr.outvars, _unique(sigs), min_len)
         if run is None:
             break
-        p, L, k, (groups, exports, slots) = run
+        p, L, k, (groups, exports, slots, _) = run
         if not exports:
             break
         body = _body(eqns, p, L, groups, exports, slots[0])
@@ -311,19 +337,27 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
             return C.eval_jaxpr(body, *args)
 
         call = jax.jit(outlined)  # one function object: every segment's call shares one body
-        new_eqns, env = eqns[:p], {}
+        new_eqns, env, traced = eqns[:p], {}, {}
         for m in range(k):
             em = _walk.Emitter(eqns[p + m * L])
             args = [slots[m][g[0]] for g in groups]
             args = [_walk.substitute(a, env) for a in args]
-            outs = em.call(call, *args)
+            avals = tuple(C.aval_of(a) for a in args)   # the call traced once per operand types
+            if avals not in traced:
+                traced[avals] = C.trace_avals(lambda *xs: list(call(*xs)), avals, em.eqn.ctx)
+            outs = em.inline(traced[avals], args)
             for (o, q), new in zip(exports, outs):
                 old = eqns[p + m * L + o].outvars[q]
                 if not C.is_dropvar(old):
                     env[old] = new
             new_eqns.extend(em.eqns)
             bodies.update(id(e.params["jaxpr"]) for e in em.eqns if C.is_jit(e))
-        new_eqns.extend(_walk.rename_operands(e, env) for e in eqns[p + k * L:])
+        tail = [_walk.rename_operands(e, env) for e in eqns[p + k * L:]]
+        # renaming keeps a signature (operand types alike), unless a value became a literal
+        sigs = (sigs[:p] + [-1] * (len(new_eqns) - p)
+                + (_signatures(tail, keyer, table) if any(C.is_literal(v) for v in env.values())
+                   else sigs[p + k * L:]))
+        new_eqns.extend(tail)
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
     return (jaxpr if bodies else original), bodies
