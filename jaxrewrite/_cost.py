@@ -27,6 +27,10 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   split form compiles as the hand-written one does (an optimization barrier once in the middle
   saved ~3 s at 10 double rounds but cost the kernel the hand form does not have).
 
+"uint64" in the figures below: the generated uint64 recipes as the tests run them, without
+`jax_enable_x64`, i.e. uint32 arithmetic whose shifts by 32 or more give 0
+(`strategies.arx_recipes`).
+
 `target` is 'cpu', 'gpu' or 'tpu' (`ctx.target`); unknown targets use the 'gpu' row (the
 strictest about concatenates).
 """

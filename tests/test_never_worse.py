@@ -1,9 +1,10 @@
 """Never worse (issue 13): `optimize` against `jax.jit` on programs of the kinds users write.
 
 Programs: `jaxrewrite.strategies.perf_programs()` - ARX round functions on word states of shapes
-(4,4), (5,5), (25,), (8,), (2,8), uint32 and uint64, static permutation schedules, messages with
-fan-out, 1-24 rounds, vmapped over 16..65,536 blocks (each threshold of the CPU cost model
-included), as plain code, jitted helpers or a `fori_loop`; and stencils of `jnp.roll`s on fields.
+(4,4), (5,5), (25,), (8,), (2,8), uint32 and "uint64" (uint32 without x64: `S.arx_recipes`),
+static permutation schedules, messages with fan-out, 1-24 rounds, vmapped over 16..65,536 blocks
+(each threshold of the CPU cost model included), as plain code, jitted helpers or a `fori_loop`;
+and stencils of `jnp.roll`s on fields.
 
 Properties, each measured in one process, paired (jit, optimize, optimize, jit, ...), medians; a
 failure is measured again (twice) before it counts; where XLA compiled the same program both ways
