@@ -119,13 +119,30 @@ def nested_eqns(jaxpr: C.Jaxpr) -> tuple:
     f = facts(jaxpr)
     hit = f.get("nested")
     if hit is None:
+        flat = _FLAT_PRIMITIVES
         hit = f["nested"] = tuple((i, tuple(C.params_jaxprs(e.params)))
-                                  for i, e in enumerate(jaxpr.eqns) if has_subjaxprs(e))
+                                  for i, e in enumerate(jaxpr.eqns)
+                                  if e.primitive.name not in flat and has_subjaxprs(e))
     return hit
+
+
+# lax primitives whose params never hold a jaxpr: most equations of a model, looked at by every
+# walk of every new level object (a training step: ~70k looks per rewrite)
+_FLAT_PRIMITIVES = frozenset("""
+    abs add and atan2 broadcast_in_dim ceil clamp concatenate convert_element_type cos cosh
+    cumsum cumprod cummax cummin div dot_general dynamic_slice dynamic_update_slice eq erf
+    erf_inv exp exp2 expand_dims expm1 floor ge gt imag integer_pow iota is_finite le log
+    log1p logistic lt max min mul ne neg not or pad pow real reduce_and reduce_max reduce_min
+    reduce_or reduce_prod reduce_sum rem reshape rev round rsqrt select_n shift_left
+    shift_right_arithmetic shift_right_logical sign sin sinh slice sqrt square squeeze stop_gradient
+    sub tan tanh transpose xor argmax argmin copy copy_p
+""".split())
 
 
 def has_subjaxprs(eqn) -> bool:
     """Whether `eqn` may hold jaxprs in its params (a cheap test, before `params_jaxprs`)."""
+    if eqn.primitive.name in _FLAT_PRIMITIVES:
+        return False
     for v in eqn.params.values():
         if isinstance(v, C.JAXPR_TYPES) or (isinstance(v, tuple) and v
                                            and isinstance(v[0], C.JAXPR_TYPES)):
@@ -190,8 +207,11 @@ def substitute(atom, env: dict):
 
 def rename_operands(eqn, env: dict):
     """`eqn` with its operands found in `env` replaced; the same object when none is."""
-    if env and any(not isinstance(a, C.Literal) and a in env for a in eqn.invars):
-        return eqn.replace(invars=[substitute(a, env) for a in eqn.invars])
+    if env:
+        Lit = C.Literal   # (a loop, not any(...): every pass renames every equation after a change)
+        for a in eqn.invars:
+            if not isinstance(a, Lit) and a in env:
+                return eqn.replace(invars=[substitute(a, env) for a in eqn.invars])
     return eqn
 
 
@@ -338,11 +358,15 @@ def dce(jaxpr: C.Jaxpr) -> tuple[C.Jaxpr, bool]:
         return jaxpr, False
     Lit = C.Literal   # (isinstance inline: this loop sees every equation; a DropVar is
     live = {v for v in jaxpr.outvars if not isinstance(v, Lit)}   # never in `live`)
+    add = live.add
     kept = []
     for eqn in reversed(jaxpr.eqns):
-        if eqn.effects or any(v in live for v in eqn.outvars):
+        outs = eqn.outvars
+        if eqn.effects or (outs[0] in live if len(outs) == 1 else any(v in live for v in outs)):
             kept.append(eqn)
-            live.update(a for a in eqn.invars if not isinstance(a, Lit))
+            for a in eqn.invars:
+                if not isinstance(a, Lit):
+                    add(a)
     if len(kept) == len(jaxpr.eqns):
         f["no_dead_code"] = True
         return jaxpr, False
@@ -358,6 +382,8 @@ def dce_closed(cj: C.ClosedJaxpr) -> C.ClosedJaxpr:
         j, changed = dce(c.jaxpr)
         if not changed:
             return c
+        if not j.constvars:
+            return C.closed(j, c.consts)
         used = {a for e in j.eqns for a in e.invars if not C.is_literal(a)}
         used |= {a for a in j.outvars if not C.is_literal(a)}
         keep = [i for i, v in enumerate(j.constvars) if v in used]
