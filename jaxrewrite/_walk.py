@@ -131,11 +131,11 @@ def nested_eqns(jaxpr: C.Jaxpr) -> tuple:
 _FLAT_PRIMITIVES = frozenset("""
     abs add and atan2 broadcast_in_dim ceil clamp concatenate convert_element_type cos cosh
     cumsum cumprod cummax cummin div dot_general dynamic_slice dynamic_update_slice eq erf
-    erf_inv exp exp2 expand_dims expm1 floor ge gt imag integer_pow iota is_finite le log
+    erf_inv exp exp2 expm1 floor ge gt imag integer_pow iota is_finite le log
     log1p logistic lt max min mul ne neg not or pad pow real reduce_and reduce_max reduce_min
     reduce_or reduce_prod reduce_sum rem reshape rev round rsqrt select_n shift_left
     shift_right_arithmetic shift_right_logical sign sin sinh slice sqrt square squeeze stop_gradient
-    sub tan tanh transpose xor argmax argmin copy copy_p
+    sub tan tanh transpose xor argmax argmin copy
 """.split())
 
 
