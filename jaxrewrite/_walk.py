@@ -119,10 +119,8 @@ def nested_eqns(jaxpr: C.Jaxpr) -> tuple:
     f = facts(jaxpr)
     hit = f.get("nested")
     if hit is None:
-        flat = _FLAT_PRIMITIVES
         hit = f["nested"] = tuple((i, tuple(C.params_jaxprs(e.params)))
-                                  for i, e in enumerate(jaxpr.eqns)
-                                  if e.primitive.name not in flat and has_subjaxprs(e))
+                                  for i, e in enumerate(jaxpr.eqns) if has_subjaxprs(e))
     return hit
 
 
