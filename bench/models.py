@@ -19,13 +19,20 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 
     python bench/models.py --unstack [--layers 16] [--repeats 3]
 
+    python bench/models.py --floor [--layers 16,32] [--models nnx,linen,linen_remat] [--repeats 3]
+
 `--unstack` measures why a rolled Flax step compiled slowly on XLA:CPU (compile seconds only,
 written to `results/models_unstack.json`): the adam update of one block's 12 parameter leaves x
 N layers, each layer's gradient a separate array or a slice of one stacked array (what a rolled
 backward pass gives its per-layer consumers), at constant offsets or at offsets passed in at
-run time; and Linen's gradient (no update) under `jax.jit`, rolled (its rows read at runtime
+run time; the update rolled into a loop over layers, or vectorised over each leaf kind's stacked
+layers (both with per-layer results out, as the step's outputs are); and Linen's gradient (no update) under `jax.jit`, rolled (its rows read at runtime
 offsets on the CPU, `_cost.TargetCosts.reroll_runtime_offsets`), and rolled with the stacked
 gradients returned as they are (no per-layer unstacking).
+
+`--floor` measures what a rolled step can reach (compile seconds only, written to
+`results/models_floor.json`): the step, `jax.jit` and rolled; its gradient, `jax.jit` and rolled
+with the stacked gradients returned; and the optax update alone, which stays per leaf.
 
 `--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
 to compile and no slower to run (`_cost.REROLL_TIMED`); the measuring (both programs compiled
@@ -353,13 +360,33 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
         return [[_adam_leaf(lax.dynamic_index_in_dim(g, offsets[i], 0, keepdims=False),
                             p[k][i], m[k][i], v[k][i]) for i in range(n)] for k, g in enumerate(gs)]
 
+    def rows_of(ys, offsets):  # per-layer results out of stacked ones, at runtime offsets
+        return [[tuple(lax.dynamic_index_in_dim(y, offsets[i], 0, keepdims=False) for y in y3)
+                 for i in range(n)] for y3 in ys]
+
+    def rolled_update(gs, p, m, v, offsets):  # a loop over layers: its rows read from lists
+        def body(c, i):
+            pick = [lambda t, j=j: [[x[k][j] for k in range(len(gs))] for x in t] for j in range(n)]
+            rp, rm, rv = lax.switch(i, pick, (p, m, v))
+            return c, [_adam_leaf(lax.dynamic_index_in_dim(g, i, 0, keepdims=False), rp[k], rm[k], rv[k])
+                       for k, g in enumerate(gs)]
+        return rows_of(lax.scan(body, 0, jnp.arange(n))[1], offsets)
+
+    def stacked_update(gs, p, m, v, offsets):  # vectorised: each leaf kind's layers stacked
+        return rows_of([_adam_leaf(g, jnp.stack(p[k]), jnp.stack(m[k]), jnp.stack(v[k]))
+                        for k, g in enumerate(gs)], offsets)
+
     offsets = [jnp.int32(i) for i in range(n)]
     rows = [dict(case="adam per leaf, per-layer gradients as separate arrays", N=n,
                  compile_s=_compile_s(from_arrays, (per, per, per, per), repeats)),
             dict(case="adam per leaf, per-layer gradients sliced from one stacked array", N=n,
                  compile_s=_compile_s(from_slices, (stacked, per, per, per), repeats)),
             dict(case="the same, slice offsets passed in as runtime values", N=n,
-                 compile_s=_compile_s(at_offsets, (stacked, per, per, per, offsets), repeats))]
+                 compile_s=_compile_s(at_offsets, (stacked, per, per, per, offsets), repeats)),
+            dict(case="adam rolled into a loop over layers (rows read from lists), rows out", N=n,
+                 compile_s=_compile_s(rolled_update, (stacked, per, per, per, offsets), repeats)),
+            dict(case="adam on stacked leaves (each kind's layers stacked), rows out", N=n,
+                 compile_s=_compile_s(stacked_update, (stacked, per, per, per, offsets), repeats))]
     if missing("linen"):
         print(f"models --unstack: Linen rows skipped (missing {missing('linen')})")
         return rows
@@ -382,6 +409,67 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     return rows
 
 
+
+# --- what a rolled step can reach: the parts that rolling leaves per leaf (--floor) -----------------
+
+FLOOR_COLUMNS = ("model", "N", "step_jit_s", "step_rolled_s", "rolled_ratio", "grad_jit_s",
+                 "grad_rolled_s", "update_s", "floor_ratio")
+
+_LOSSES = {"nnx": nnx_model, "linen": linen, "haiku": haiku_model, "equinox": equinox_model,
+           "linen_remat": lambda n, seed=0: linen(n, remat=True, seed=seed)}
+
+
+def _flat(fn, tree_args):
+    """`fn`'s closed jaxpr over the leaves of `tree_args`, and those leaves."""
+    leaves, tree = jax.tree_util.tree_flatten(tree_args)
+    return jax.make_jaxpr(lambda *a: fn(*jax.tree_util.tree_unflatten(tree, a)))(*leaves), leaves
+
+
+def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
+    """Compile seconds (lower + compile, paired) of the training step, `jax.jit` and rolled; of
+    its gradient alone, `jax.jit` and rolled with the stacked per-layer gradients returned as they
+    are (nothing read per layer); and of the optax update alone, its gradients passed in.
+
+    A rolled step keeps the update per parameter leaf: its inputs and outputs are the user's
+    per-layer leaves, and stacking them inside the program compiles slower still (measured in
+    the CHANGELOG). So `floor_ratio`, (rolled gradient + update) / `jax.jit`'s step, is what a
+    rolled step could reach if reading each layer's gradient row were free."""
+    import optax
+
+    from jaxrewrite import _compat as C
+    from jaxrewrite import _walk
+    from jaxrewrite.passes import reroll
+    loss, params = _LOSSES[model](n, 0)
+    tx = optax.adam(1e-3)
+    state, tok = tx.init(params), _tokens(1)
+
+    def update(g, st, p):
+        u, st = tx.update(g, st, p)
+        return optax.apply_updates(p, u), st
+    step_j, step_a = _flat(_adam_step(loss, tx), (params, state, tok))
+    grad_j, grad_a = _flat(jax.value_and_grad(loss), (params, tok))
+    upd_j, upd_a = _flat(update, (params, state, params))
+    step_r = jaxrewrite.rewrite_jaxpr(step_j, reroll=True)
+    g = jaxrewrite.rewrite_jaxpr(grad_j, reroll=True)
+    loops = [v for e in g.jaxpr.eqns if e.primitive.name in ("scan", "custom_jvp_call")
+             and not reroll.is_offsets_loop(e) for v in e.outvars]
+    grad_r = _walk.dce_closed(C.closed(C.replace_jaxpr(g.jaxpr, outvars=g.jaxpr.outvars[:1] + loops),
+                                       g.consts))
+    forms = {"step_jit_s": (step_j, step_a), "step_rolled_s": (step_r, step_a),
+             "grad_jit_s": (grad_j, grad_a), "grad_rolled_s": (grad_r, grad_a),
+             "update_s": (upd_j, upd_a)}
+    samples = {k: [] for k in forms}
+    for _ in range(repeats):
+        for k, (cj, a) in forms.items():
+            jax.clear_caches()
+            t = time.perf_counter()
+            jax.jit(lambda *x, cj=cj: C.eval_jaxpr(cj, *x)).lower(*a).compile()
+            samples[k].append(time.perf_counter() - t)
+    r = {k: statistics.median(v) for k, v in samples.items()}
+    r.update(model=model, N=n, rolled_ratio=r["step_rolled_s"] / r["step_jit_s"],
+             floor_ratio=(r["grad_rolled_s"] + r["update_s"]) / r["step_jit_s"])
+    return [r]
+
 if __name__ == "__main__":
     from _common import markdown_table, write_results
 
@@ -395,6 +483,20 @@ if __name__ == "__main__":
         rows = unstack_rows(n, _arg("--repeats", int, 3))
         print(markdown_table(rows, UNSTACK_COLUMNS))
         print(f"\nwritten {write_results(NAME + '_unstack', rows, dict(layers=n))}")
+        sys.exit(0)
+    if "--floor" in sys.argv[1:]:
+        layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or (16, 32)
+        models = _arg("--models", lambda s: s.split(",")) or ["nnx", "linen", "linen_remat"]
+        rows = []
+        for m in models:
+            if missing(m):
+                print(f"models --floor: {m} skipped (missing {missing(m)})")
+                continue
+            for n in layers:
+                rows += floor_rows(m, n, _arg("--repeats", int, 3))
+                print(rows[-1], flush=True)
+        print(markdown_table(rows, FLOOR_COLUMNS))
+        print(f"\nwritten {write_results(NAME + '_floor', rows, dict(layers=layers))}")
         sys.exit(0)
     options = {"autotune": "time"} if "--autotune" in sys.argv[1:] else {}
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
