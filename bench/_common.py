@@ -105,9 +105,9 @@ def mlir_functions(lowered) -> int:
 
 
 def cpu_fusions(compiled) -> int:
-    """Fusions in a compiled CPU program (delegates to jaxrewrite._xla when it exists)."""
+    """Fusions in a compiled CPU program (delegates to jaxrewrite.backend.xla when it exists)."""
     try:
-        from jaxrewrite import _xla
+        from jaxrewrite.backend import xla as _xla
         return _xla.cpu_fusions(compiled)
     except ImportError:
         text = compiled.as_text()

@@ -302,7 +302,7 @@ def _progress(row):
 def gpu_rows(target: str, n: int = 8, d: int = 64, t: int = 32) -> list[dict]:
     """Kernel launches per call of the stack's gradient for `target` (deviceless GPU compile):
     unrolled (jax.jit) vs rolled with unroll=1, 2, 4, n (loop body launches x trips)."""
-    from jaxrewrite import _xla
+    from jaxrewrite.backend import xla as _xla
     params = _params(n, d)
     x = jax.random.normal(jax.random.key(1), (t, d))
     leaves, tree = jax.tree_util.tree_flatten((params, x))

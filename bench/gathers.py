@@ -10,7 +10,7 @@ a roll, a transpose written as fancy indexing, a per-row rotation, and a static 
 
 Per program and variant: equations and gathers left in the traced program, CPU fusions, CPU run
 time (paired medians, one process) and compile time (paired, caches cleared), as ratios to
-jax.jit; kernels from XLA's deviceless GPU compile (`jaxrewrite._xla`, the gpu-aot extra) when a
+jax.jit; kernels from XLA's deviceless GPU compile (`jaxrewrite.backend.xla`, the gpu-aot extra) when a
 `gpu_target` is given, else those columns stay empty.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def measure(name, fn, arg, quick: bool, gpu_target: str | None = None) -> dict:
 
 def _gpu_kernels(fn, arg, target: str) -> dict:
     """GPU kernels from XLA's deviceless compile for `target` (needs the gpu-aot extra)."""
-    from jaxrewrite import _xla
+    from jaxrewrite.backend import xla as _xla
     return {f"kernels_{v}": _xla.gpu_kernels(_xla.gpu_compile(_make(v, fn, "gpu"), arg,
                                                               target=target))
             for v in VARIANTS}

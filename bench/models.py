@@ -26,8 +26,9 @@ written to `results/models_unstack.json`): the adam update of one block's 12 par
 N layers, each layer's gradient a separate array or a slice of one stacked array (what a rolled
 backward pass gives its per-layer consumers), at constant offsets or at offsets passed in at
 run time; the update rolled into a loop over layers, or vectorised over each leaf kind's stacked
-layers (both with per-layer results out, as the step's outputs are); and Linen's gradient (no update) under `jax.jit`, rolled (its rows read at runtime
-offsets on the CPU, `_cost.TargetCosts.reroll_runtime_offsets`), and rolled with the stacked
+layers (both with per-layer results out, as the step's outputs are); and Linen's gradient (no
+update) under `jax.jit`, rolled (its rows read at runtime offsets on the CPU,
+`backend.cost.TargetCosts.reroll_runtime_offsets`), and rolled with the stacked
 gradients returned as they are (no per-layer unstacking).
 
 `--floor` measures what a rolled step can reach (compile seconds only, written to
@@ -35,7 +36,7 @@ gradients returned as they are (no per-layer unstacking).
 with the stacked gradients returned; and the optax update alone, which stays per leaf.
 
 `--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
-to compile and no slower to run (`_cost.REROLL_TIMED`); the measuring (both programs compiled
+to compile and no slower to run (`backend.cost.REROLL_TIMED`); the measuring (both programs compiled
 once) happens in the first rewrite, which `rewrite_s` then includes, against a fresh cache.
 
 Needs the `models` extra (`pip install -e ".[models]"`); without it `main` returns no rows and

@@ -48,7 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrewrite  # noqa: E402
-from jaxrewrite import _xla  # noqa: E402
+from jaxrewrite.backend import xla as _xla  # noqa: E402
 
 NAME = "permutations"
 COLUMNS = ("program", "form", "kernels_h200", "launches_h200", "cpu_fusions", "run_ms",

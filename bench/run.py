@@ -81,7 +81,7 @@ def _columns(rows: list[dict]) -> list[str]:
 
 def _check_gpu_target(target: str) -> None:
     try:
-        from jaxrewrite import _xla
+        from jaxrewrite.backend import xla as _xla
         _xla.target_config(target)
     except (ImportError, AttributeError, ValueError) as e:
         sys.exit(f"--gpu-target {target}: {type(e).__name__}: {e}")

@@ -32,7 +32,7 @@ from jax import lax  # noqa: E402
 
 import jaxrewrite  # noqa: E402
 from jaxrewrite import _walk  # noqa: E402
-from jaxrewrite._explain import inner_jaxprs  # noqa: E402
+from jaxrewrite.report.explain import inner_jaxprs  # noqa: E402
 
 NAME = "seed"
 COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs_jit", "funcs_opt",
@@ -174,7 +174,7 @@ def measure(name: str, fn, arg, quick: bool, gpu_target: str | None = None) -> d
 
 def _gpu_kernels(fn, arg, target: str) -> dict:
     """Kernels of each program compiled for `target` without a GPU (the gpu-aot extra)."""
-    from jaxrewrite import _xla
+    from jaxrewrite.backend import xla as _xla
     makers = (("jit", jax.jit), ("opt", functools.partial(jaxrewrite.optimize, target="gpu")))
     return {f"kernels_{k}": _xla.gpu_kernels(_xla.gpu_compile(mk(fn), arg, target=target))
             for k, mk in makers}

@@ -4,14 +4,14 @@
     f = jaxrewrite.optimize(f)          # a drop-in jax.jit
 """
 from ._api import last_report as last_report
-from ._explain import Explanation as Explanation
-from ._explain import explain as explain
+from .report.explain import Explanation as Explanation
+from .report.explain import explain as explain
 from ._api import make_jaxpr as make_jaxpr
 from ._api import optimize as optimize
 from ._api import rewrite_jaxpr as rewrite_jaxpr
 from ._api import rewrite_jaxpr_with_report as rewrite_jaxpr_with_report
 from ._options import OPTIONS as OPTIONS
 from ._options import Options as Options
-from ._report import Report as Report
+from .report.records import Report as Report
 
 __version__ = "0.1.0"

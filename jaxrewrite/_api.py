@@ -20,9 +20,9 @@ import jax
 
 from . import _compat as C
 from . import _pipeline
-from . import _log
+from .report import log as _log
 from ._options import NAMES, Options
-from ._report import logger
+from .report.records import logger
 
 _JIT_PARAMS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
 

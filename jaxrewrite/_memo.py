@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _indexmap as IM
-from ._report import Decline
+from .analysis import indexmap as IM
+from .report.records import Decline
 
 
 def memo(cache: dict | None, kind: str, key, compute: Callable[[], Any]):
@@ -40,7 +40,7 @@ def memo(cache: dict | None, kind: str, key, compute: Callable[[], Any]):
 
 
 def gather_map(cache: dict | None, operand_shape, idx, dimension_numbers, slice_sizes, mode):
-    """`_indexmap.gather_map`, memoised by value: the gathers and scalarize passes read the same
+    """`analysis.indexmap.gather_map`, memoised by value: the gathers and scalarize passes read the same
     maps. The result is shared: read it, never write it."""
     return memo(cache, "gather_map",
                 (tuple(operand_shape), array_key(idx), dimension_numbers, tuple(slice_sizes),

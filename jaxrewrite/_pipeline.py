@@ -39,7 +39,7 @@ from typing import Callable
 from . import _compat as C
 from . import _walk
 from ._options import Options
-from ._report import Report, logger
+from .report.records import Report, logger
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _compat as C
-from ._report import call_site
+from .report.records import call_site
 
 # Parameters that are jaxprs but must not be rewritten: JAX keeps them as they are.
 # (custom_jvp's `jvp_jaxpr_fun` and custom_vjp's `fwd_jaxpr_thunk`/`bwd` are thunks, not jaxprs.)

@@ -20,9 +20,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture
 def map_sizes(monkeypatch):
-    """`map_sizes("gather_map")`: spy on that `_indexmap` function; the returned list collects the
+    """`map_sizes("gather_map")`: spy on that `analysis.indexmap` function; the returned list collects the
     size (elements) of every operand shape it is asked to map."""
-    from jaxrewrite import _indexmap
+    from jaxrewrite.analysis import indexmap as _indexmap
 
     def record(name):
         sizes, real = [], getattr(_indexmap, name)

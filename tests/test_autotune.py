@@ -1,4 +1,4 @@
-"""`autotune=` (jaxrewrite/_autotune.py): choices made by compiling the candidate forms, cached on
+"""`autotune=` (jaxrewrite/backend/autotune.py): choices made by compiling the candidate forms, cached on
 disk by a stable structural digest, reused by a fresh process without compiling."""
 import json
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxrewrite
-from jaxrewrite import _autotune
+from jaxrewrite.backend import autotune as _autotune
 from jaxrewrite._api import rewrite_jaxpr_with_report
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 
@@ -87,7 +87,7 @@ def test_bit_exact_and_reused_in_fresh_process(cache_dir):
         import sys, jax, jax.numpy as jnp, numpy as np
         sys.path.insert(0, {BENCH!r})
         import jaxrewrite
-        from jaxrewrite import _autotune
+        from jaxrewrite.backend import autotune as _autotune
         PERM = np.array([3, 0, 2, 1])
         f = lambda x: x[:, PERM] + 1
         x = jnp.arange(32, dtype=jnp.int32).reshape(8, 4)
@@ -132,7 +132,7 @@ def test_time_mode_opt_in(cache_dir):
 
 
 def test_pick_by_counts_rows():
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     # GPU: fewer kernels wins either way; a tie goes to the model
     assert _cost.pick_by_counts(5, 3, False, "no gain", "gpu")[0] is True
     assert _cost.pick_by_counts(3, 5, True, None, "gpu")[0] is False
@@ -175,7 +175,7 @@ def _scans(cj):
 
 
 def test_reroll_measured_rows():
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     most_compile, most_run = _cost.REROLL_TIMED["cpu"]
     assert _cost.reroll_measured(0.5, 1.0, "cpu")[0] is True
     go, why = _cost.reroll_measured(most_compile + 0.1, 0.9, "cpu")
@@ -185,7 +185,7 @@ def test_reroll_measured_rows():
 
 
 def test_reroll_declined_where_rolling_measured_slower(cache_dir, monkeypatch):
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (0.0, 0.0))     # nothing can win
     cj = jax.make_jaxpr(_chain)(WS, XS)
     before = _autotune.COMPILES
@@ -204,7 +204,7 @@ def test_reroll_declined_where_rolling_measured_slower(cache_dir, monkeypatch):
 
 
 def test_reroll_kept_where_measured_faster_and_the_choice_cached(cache_dir, monkeypatch):
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (float("inf"), float("inf")))
     cj = jax.make_jaxpr(_chain)(WS, XS)
     res = rewrite_jaxpr_with_report(cj, reroll=True, autotune="time", target="cpu")
@@ -226,7 +226,7 @@ def test_reroll_not_measured_without_time_mode(cache_dir):
 def test_reroll_with_an_open_ended_loop_decided_by_compile_time_alone(cache_dir, monkeypatch):
     """A program with a loop whose trips depend on the data is not run on zeros (it might not
     end there): compile time alone decides."""
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (float("inf"), 0.0))   # any run would lose
 
     def f(ws, x):

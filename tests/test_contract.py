@@ -241,7 +241,7 @@ def test_a_failing_constant_evaluation_is_in_the_log(monkeypatch, caplog):
     DEBUG level with the user's line."""
     import logging
 
-    from jaxrewrite import _log
+    from jaxrewrite.report import log as _log
 
     def broken(primitive, values, params):
         raise RuntimeError("evaluation broke")

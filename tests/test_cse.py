@@ -10,7 +10,7 @@ from jax.experimental.xla_metadata import set_xla_metadata
 from jaxrewrite import _compat as C
 from jaxrewrite._options import Options
 from jaxrewrite._pipeline import Context
-from jaxrewrite._report import Report
+from jaxrewrite.report.records import Report
 from jaxrewrite.passes import cse
 from jaxrewrite.testing import assert_equivalent
 

@@ -1,4 +1,4 @@
-"""Structural identity (`_structural`) and the dedup pass: identical inner jaxprs become one."""
+"""Structural identity (`analysis.structural`) and the dedup pass: identical inner jaxprs become one."""
 import functools
 
 import jax
@@ -11,11 +11,11 @@ from jax.experimental import io_callback
 
 import jaxrewrite
 from jaxrewrite import _compat as C
-from jaxrewrite import _structural as S
+from jaxrewrite.analysis import structural as S
 from jaxrewrite import _walk as W
 from jaxrewrite._options import Options
 from jaxrewrite._pipeline import Context
-from jaxrewrite._report import Report
+from jaxrewrite.report.records import Report
 from jaxrewrite.passes import dedup
 from jaxrewrite.testing import assert_equivalent
 

@@ -20,10 +20,10 @@ from jax import lax
 
 import jaxrewrite
 from jaxrewrite import _compat as C
-from jaxrewrite import _log
+from jaxrewrite.report import log as _log
 from jaxrewrite import _pipeline
 from jaxrewrite import _walk as W
-from jaxrewrite._explain import Explanation, count_fusions, explain
+from jaxrewrite.report.explain import Explanation, count_fusions, explain
 
 SIN2COS = _pipeline.PassSpec("sin2cos", "dedup", True)
 

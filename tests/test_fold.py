@@ -12,7 +12,7 @@ from jaxrewrite import _walk
 from jaxrewrite import strategies as S
 from jaxrewrite._options import Options
 from jaxrewrite._pipeline import Context
-from jaxrewrite._report import Report
+from jaxrewrite.report.records import Report
 from jaxrewrite.passes import fold
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 

@@ -345,7 +345,7 @@ def test_static_scatter_concatenate_form_is_the_gpu_default_only():
 def test_gathers_all_searches_no_concatenate_for_a_large_vmapped_gather():
     """Concatenate forms are searched up to `SPLIT_MAX_ELEMENTS` of the whole gather, batch
     included (a large batch of concatenates costs more kernels than it saves)."""
-    from jaxrewrite import _indexmap
+    from jaxrewrite.analysis import indexmap as _indexmap
     rot = np.array([1, 2, 3, 0])
     fn = jax.vmap(lambda r: r[rot])
     small = np.zeros((16, 4), np.float32)
@@ -358,7 +358,7 @@ def test_gathers_all_searches_no_concatenate_for_a_large_vmapped_gather():
 def test_large_vmapped_gather_decline_says_why():
     """gathers='all' past SPLIT_MAX_ELEMENTS: the decline names the size limit, not the option
     that is already on."""
-    from jaxrewrite import _indexmap
+    from jaxrewrite.analysis import indexmap as _indexmap
     fn = jax.vmap(lambda r: r[np.array([1, 2, 3, 0])])
     big = np.zeros((_indexmap.SPLIT_MAX_ELEMENTS // 4 + 64, 4), np.float32)
     for options in ({"gathers": "all"}, {}):

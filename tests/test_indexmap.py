@@ -1,4 +1,4 @@
-"""`_indexmap`: gather/scatter source maps against lax itself, decomposition, self-validation."""
+"""`analysis.indexmap`: gather/scatter source maps against lax itself, decomposition, self-validation."""
 import jax
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
-from jaxrewrite import _indexmap as IM
-from jaxrewrite._report import Decline
+from jaxrewrite.analysis import indexmap as IM
+from jaxrewrite.report.records import Decline
 
 GDN = lax.GatherDimensionNumbers
 SDN = lax.ScatterDimensionNumbers

@@ -18,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrewrite  # noqa: E402
-from jaxrewrite import _xla  # noqa: E402
+from jaxrewrite.backend import xla as _xla  # noqa: E402
 
 if "cpu" not in (jax.config.jax_platforms or "").split(","):
     pytest.skip("the deviceless GPU compiler needs JAX_PLATFORMS=cpu", allow_module_level=True)
@@ -82,7 +82,7 @@ def test_autotune_deviceless_from_cpu_process(tmp_path, monkeypatch):
     # autotune=True for target 'gpu' compiles both forms with the deviceless H200 compiler, picks
     # by kernels (tie: the model), caches the choice, and never makes more kernels than the model
     monkeypatch.setenv("JAXREWRITE_CACHE_DIR", str(tmp_path))
-    from jaxrewrite import _autotune
+    from jaxrewrite.backend import autotune as _autotune
     f = jax.vmap(lambda x: P.chacha_take(x, rounds=2))
     before = _autotune.COMPILES
     tuned = kernels(f, autotune=True)

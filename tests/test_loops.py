@@ -18,7 +18,7 @@ import pytest
 from jax import lax
 
 import jaxrewrite
-from jaxrewrite import _cost
+from jaxrewrite.backend import cost as _cost
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
@@ -134,7 +134,7 @@ def _carried_pieces(scan, shape):
 def test_seed_inner_fn_in_loop(perm, kind, target):
     """GPU: unrolled (launches decide). CPU: one permutation per trip, which XLA fuses into its
     consumer in the rolled loop: kept as it is, with the reason (a split carry ran 1.2-2.2x
-    slower: `_cost.LoopCosts.min_body_permutations`)."""
+    slower: `backend.cost.LoopCosts.min_body_permutations`)."""
     ms = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (4096, 4, 4), np.uint32))
     f = seed_loop(perm, kind)
     cj = assert_equivalent(f, ms, vmap=False, target=target)   # default options, bit for bit
@@ -361,7 +361,7 @@ def _h200(fn, spec):
     if "cpu" not in (jax.config.jax_platforms or "").split(","):
         pytest.skip("the deviceless GPU compiler needs JAX_PLATFORMS=cpu")
     import _common
-    from jaxrewrite import _xla
+    from jaxrewrite.backend import xla as _xla
     c = _xla.gpu_compile(fn, spec)
     return _xla.gpu_kernels(c), _common.gpu_launches(c.as_text())
 

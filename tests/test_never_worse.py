@@ -240,7 +240,7 @@ def test_join_cones_count_shared_values_once_and_paths_each():
 
 
 def test_join_model_keeps_recomputing_rejoins_apart():
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     shared = _cost.JoinCone(8, (10,) * 8, (12.0,) * 8, 40)       # paths ~ cones: fuse
     blowup = _cost.JoinCone(8, (10,) * 8, (1e6,) * 8, 40)        # exponential paths: apart
     wide = _cost.JoinCone(16, (10,) * 16, (1e6,) * 16, 40)       # > 8 operands: never fused
@@ -294,7 +294,7 @@ def test_25_lane_fori_loop_is_not_unrolled_into_gathers():
     """Shrunk from the property run: a 25-lane state in a `fori_loop` of 4 rounds, 4,096 blocks.
     Unrolled (passes/flatten.py saw a splittable axis) and then not split (the fused-code
     estimate: 54x), it ran 2.6x slower than jax.jit's rolled loop. Axes of 17..32 are split by
-    the estimate only (`_cost.TargetCosts.cost_axis`): the loop stays rolled."""
+    the estimate only (`backend.cost.TargetCosts.cost_axis`): the loop stays rolled."""
     r = S.ArxRecipe(shape=(5, 5), rounds=4, batch=4096, seed=4, message=False, fanout=1,
                     quarter=False, out="xor", wrap="fori")
     res = rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
@@ -350,7 +350,7 @@ def test_join_model_bounds_one_fusions_size():
     all the pieces' cones where one concatenate fusion holds them. Past `max_piece_cone`
     (XLA:CPU's fusion emitter falls off a cliff near 3,000 instructions) the split is declined
     for run time; the GPU is not modelled."""
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
     limit = _cost.costs("cpu").max_piece_cone
     apart = _cost.JoinCone(16, (limit + 1,) * 16, (float(limit + 1),) * 16, limit + 100)
     fused = _cost.JoinCone(4, (limit // 2,) * 4, (float(limit // 2),) * 4, limit + 1)

@@ -9,7 +9,7 @@ import numpy as np
 from jaxrewrite import _compat as C
 from jaxrewrite import _walk
 from jaxrewrite.passes import outline
-from jaxrewrite._structural import Keyer
+from jaxrewrite.analysis.structural import Keyer
 from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))

@@ -207,7 +207,7 @@ def test_gathers_all_decline_past_split_size_does_not_promise_it():
     """Issue 13: with gathers='all' past SPLIT_MAX_ELEMENTS the decline said "(gathers='all'
     allows it)". It names the size limit instead (fixed in passes/gathers.py)."""
     from jaxrewrite._api import rewrite_jaxpr_with_report
-    from jaxrewrite._indexmap import SPLIT_MAX_ELEMENTS
+    from jaxrewrite.analysis.indexmap import SPLIT_MAX_ELEMENTS
     perm = np.array([3, 0, 2, 1, 5, 4, 7, 6])
     f = jax.vmap(lambda x: jnp.take(x, perm) + 1)
     x = jnp.zeros((SPLIT_MAX_ELEMENTS // 8 + 1, 8), jnp.uint32)

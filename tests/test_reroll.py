@@ -13,7 +13,7 @@ import jaxrewrite
 from jaxrewrite import _compat as C
 from jaxrewrite._options import Options
 from jaxrewrite._pipeline import Context
-from jaxrewrite._report import Report
+from jaxrewrite.report.records import Report
 from jaxrewrite.passes import reroll
 from jaxrewrite import _walk
 from jaxrewrite.testing import assert_bitwise_equal, assert_equivalent, primitive_counts
@@ -139,7 +139,7 @@ def test_rows_of_stacked_results_are_read_at_runtime_offsets_on_the_cpu():
     themselves, bit for bit what static slices read. Other targets slice statically."""
     import dataclasses
 
-    from jaxrewrite import _cost
+    from jaxrewrite.backend import cost as _cost
 
     def f(x):
         outs = []

@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 import jaxrewrite
-from jaxrewrite import _indexmap
+from jaxrewrite.analysis import indexmap as _indexmap
 from jaxrewrite.passes import gathers
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jaxrewrite import _pipeline
 from jaxrewrite._options import Options
-from jaxrewrite._report import Report
+from jaxrewrite.report.records import Report
 from jaxrewrite._walk import count_eqns
 
 QUIET = _pipeline.PassSpec("quiet_for_test", "dedup", True)

@@ -23,7 +23,7 @@ Never merged (the table below; each hit is recorded as a decline with its reason
 | the program is partitioned over devices     | a merged value wanted in two shardings is      |
 |   (`Context.devices` > 1; the whole pass)   |   resharded: communication jax.jit lacked      |
 | `exact=True` and a floating-point result    | jax.grad sums the merged value's cotangents    |
-|                                             |   in another order (`_exact`)                  |
+|                                             |   in another order (`analysis.exact`)          |
 
 Random draws (`random_bits`, `threefry2x32`) are pure functions of their key: draws from the
 same key are the same value and merge; draws from different keys have different operands and
@@ -32,9 +32,9 @@ never do.
 from __future__ import annotations
 
 from .. import _compat as C
-from .. import _exact
+from ..analysis import exact as _exact
 from .. import _walk
-from .._structural import Keyer, shared_keyer
+from ..analysis.structural import Keyer, shared_keyer
 
 NAME = "cse"
 

@@ -8,7 +8,7 @@
 JAX's `jit` lowering caches on (name, jaxpr object, shardings, layouts): fresh closures,
 lambdas and `functools.partial`s of one body are traced to distinct-but-equal jaxprs and each is
 lowered to its own `func.func`; once they are one object they lower to one. Identity is the
-structural key of `jaxrewrite._structural` (alpha-equivalence; params including `name`, literals,
+structural key of `jaxrewrite.analysis.structural` (alpha-equivalence; params including `name`, literals,
 avals with weak types, effects, constants by content, tracer constants never).
 
 What sharing buys, per kind of nested jaxpr (measured in bench/dedup.py, 50 fresh closures of
@@ -28,7 +28,7 @@ an 8-step body, CPU):
 | custom_jvp/vjp, closed_call | no (re-traced when re-bound)   | our own passes' memo only; but a body |
 |                             |                                | *containing* them merges (the JVP     |
 |                             |                                | rule behind JAX's per-trace thunk is  |
-|                             |                                | compared, see `_structural`)          |
+|                             |                                | compared, see `analysis.structural`)  |
 
 All kinds are merged (merging is always correct: the programs are identical); the report counts
 `jit` bodies, where the saving shows in the lowered module.
@@ -40,8 +40,8 @@ from __future__ import annotations
 
 from .. import _compat as C
 from .. import _walk
-from .._report import current_call_site
-from .._structural import shared_keyer
+from ..report.records import current_call_site
+from ..analysis.structural import shared_keyer
 
 NAME = "dedup"
 

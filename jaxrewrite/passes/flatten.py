@@ -13,7 +13,7 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    calling level reorders along a small axis (a static gather, a rev, a concatenate of slices),
    is replaced by its body: the re-join meets the permutation in one region. (A call that
    reorders is scalarize's to inline, only where a split follows.) On the CPU (`"auto"`) only
-   where scalarize would split the pieces (`_cost.TargetCosts.min_piece_elements`); otherwise
+   where scalarize would split the pieces (`backend.cost.TargetCosts.min_piece_elements`); otherwise
    the call stays, lowered once. A call is only a call inside the same `jax.jit`: XLA inlines
    it before fusion anyway, so no value changes.
 
@@ -26,7 +26,7 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    literal and is incremented by 1 (`fori_loop` with bounds that became literals) - whose body,
    its plain calls inlined (a jitted double round), is exact (`EXACT`) and moves data along a
    small axis of its carry (CPU: reorders it, so that scalarize splits the unrolled form), and
-   whose unrolled size the cost model allows (`_cost.unroll_decision`: estimated launches per
+   whose unrolled size the cost model allows (`backend.cost.unroll_decision`: estimated launches per
    call rolled vs unrolled, and the equations added, which is compile time):
 
        before:  _, s = scan[length=2, num_carry=2]{ (i, c) -> (i + 1, f(c)) } 0 x
@@ -34,7 +34,7 @@ stays a re-join. This pass removes those boundaries where the cost model says so
 
    xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
 
-3. Split the carry (CPU, `"auto"`: `_cost.LoopCosts.split_carry`): a rolled loop costs no
+3. Split the carry (CPU, `"auto"`: `backend.cost.LoopCosts.split_carry`): a rolled loop costs no
    launches there, and unrolling multiplies what XLA compiles by the trip count, so the loop
    stays rolled and its carry is carried as pieces (`loop_carry.py`), where each trip permutes
    carried data at least twice (`min_body_permutations`) and scalarize would split the new body
@@ -57,9 +57,9 @@ import numpy as np
 from jax import lax
 
 from .. import _compat as C
-from .. import _cost
+from ..backend import cost as _cost
 from .. import _walk
-from .._report import Report
+from ..report.records import Report
 from . import loop_carry
 # Scalarize's verdict on an unrolled level (CPU), asked before the loop is given up: unrolled
 # and not split, a loop only costs compile time and run time (as reroll asks outline).
@@ -307,7 +307,7 @@ def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
 def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     """`rule(eqn)` for `_walk.rewrite_eqns`: a loop's unrolled replacement, or None. What it
     unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict.
-    Where the target splits carries instead (`_cost.LoopCosts.split_carry`, CPU, `"auto"`), the
+    Where the target splits carries instead (`backend.cost.LoopCosts.split_carry`, CPU, `"auto"`), the
     replacement is the rolled loop with its carry split (`loop_carry`), or None."""
     lc = _cost.loop_costs(ctx.target)
     split_carry = lc.split_carry and mode == "auto"

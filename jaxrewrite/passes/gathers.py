@@ -1,7 +1,7 @@
 """Static-index gathers, scatters and dynamic slices become structural data movement.
 
 Where an index operand is a literal (constant folding made it one), the operation's source map
-(`_indexmap.gather_map`) says where every output element comes from; `_indexmap.decompose`
+(`analysis.indexmap.gather_map`) says where every output element comes from; `analysis.indexmap.decompose`
 writes that map as slices, reverses, transposes, reshapes and broadcasts, checked on an
 index-tagged operand before it is used. Rules (one per primitive, table `RULES`):
 
@@ -33,13 +33,13 @@ import numpy as np
 from jax import lax
 
 from .. import _compat as C
-from .. import _cost
-from .. import _indexmap as IM
-from .. import _exact
+from ..backend import cost as _cost
+from ..analysis import indexmap as IM
+from ..analysis import exact as _exact
 from .. import _walk
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
-from .._report import Decline
+from ..report.records import Decline
 
 NAME = "gathers"
 PIECE_BUDGET = 32

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import _compat as C
-from .. import _exact
+from ..analysis import exact as _exact
 from .. import _walk
 
 PASS = "movement"
@@ -269,7 +269,7 @@ def simplify(jaxpr, report, rules=RULES, ctx=None):
     """One level: apply `rules` in one forward sweep (a replacement's output is seen by the
     equations after it, so chains cancel in one sweep), then, where no rule applied, push data
     movement through a single-use elementwise producer (`push_through_elementwise`).
-    With `ctx`'s `exact=True`, a rewrite of floating-point values is declined (`_exact`).
+    With `ctx`'s `exact=True`, a rewrite of floating-point values is declined (`analysis.exact`).
     Returns (jaxpr, changed)."""
     producers: dict = {}
     uses: dict = {}

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import _compat as C
 from .. import _walk
-from .._structural import Keyer
+from ..analysis.structural import Keyer
 
 MIN_EQNS = 8          # shortest segment worth a call (a loop of tiny bodies costs more than it saves)
 MAX_PERIODS = 4       # most frequent distances tried per run search

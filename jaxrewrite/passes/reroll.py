@@ -41,22 +41,22 @@ Outputs of the chain used outside it (residuals under `jax.grad`, intermediate a
 come out of the scan as stacked ys (a carried value: the stacked inputs of the steps) and are
 indexed where they were used; on the CPU at offsets
 carried round a loop (`_offsets`), which XLA does not fold, so each row's reads and consumers
-compile to one kernel for all rows instead of one per row (`_cost` `reroll_runtime_offsets`).
+compile to one kernel for all rows instead of one per row (`backend.cost` `reroll_runtime_offsets`).
 A chain is cut where an intermediate result is used before the chain ends. When a chain's
 per-iteration operands are exactly the ys of a chain rolled before it (in order, or in reverse:
 a backward pass consuming forward residuals), the scan reads those ys directly (`reverse=True`
 for the reverse order) instead of stacking a copy.
 
 Under `jax.grad` the forward chain's residuals are what the backward chain reads; on the CPU
-the backward calls are first made to recompute them (`passes/recompute.py`, `_cost`
+the backward calls are first made to recompute them (`passes/recompute.py`, `backend.cost`
 `reroll_recompute`), so the forward scan stacks only each step's carried input and the backward
 scan runs the forward body again, as a hand-written scan of checkpointed layers does.
 
-Whether rolling pays is decided per target by `_cost`: without a contraction only the forward
+Whether rolling pays is decided per target by `backend.cost`: without a contraction only the forward
 is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
 step wins where XLA fuses the unrolled backward pass across layers and loses where it does not
-(`_cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both ways
-once (`_autotune.choose_timed`, cached on disk) and the rolled one is kept only where it wins.
+(`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both ways
+once (`backend.autotune.choose_timed`, cached on disk) and the rolled one is kept only where it wins.
 
 Tolerance: the scan computes the same operations in the same order; XLA may fuse a loop body
 differently from an unrolled program, so float results can differ in the last bits (measured
@@ -70,13 +70,13 @@ import functools
 
 import numpy as np
 
-from .. import _autotune
+from ..backend import autotune as _autotune
 from .. import _compat as C
-from .. import _cost
-from .. import _exact
+from ..backend import cost as _cost
+from ..analysis import exact as _exact
 from .. import _walk
-from .._report import Decline
-from .._structural import Keyer, literal_key
+from ..report.records import Decline
+from ..analysis.structural import Keyer, literal_key
 from . import outline, recompute
 
 NAME = "reroll"
@@ -114,7 +114,7 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     out, rolled = _walk.map_levels(cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx))
     if rolled and measured:
         # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
-        # show (`_cost.REROLL_TIMED`): measured on the whole program, before and after
+        # show (`backend.cost.REROLL_TIMED`): measured on the whole program, before and after
         go, why = _autotune.choose_timed(ctx, NAME, cj, out,
                                          key_extra=(min_len, str(ctx.options.unroll)),
                                          run=not _open_ended(cj))
@@ -775,7 +775,7 @@ def _differentiable(call) -> bool:
 
 
 def _has_contraction(call) -> bool:
-    """Whether a call's body holds a contraction (`_cost.REROLL_CONTRACTIONS`), at any depth."""
+    """Whether a call's body holds a contraction (`backend.cost.REROLL_CONTRACTIONS`), at any depth."""
     return any(e.primitive.name in _cost.REROLL_CONTRACTIONS
                for e in _walk.iter_eqns(C.closed(_body_of(call), ())
                                         if not isinstance(_body_of(call), C.ClosedJaxpr)

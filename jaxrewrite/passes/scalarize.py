@@ -1,7 +1,7 @@
 """Scalar replacement of small static axes: permutations along them become renaming.
 
 An axis of small static size (at most `max_axis` elements, or `cost_axis` where the fused-code
-estimate allows; at most `max_pieces` pieces per value, per `_cost`) whose values are only
+estimate allows; at most `max_pieces` pieces per value, per `backend.cost`) whose values are only
 sliced, indexed, combined elementwise and permuted statically is split into separate arrays,
 one per position. A static gather, a stack or a concatenate along such an axis then picks
 pieces: no equation at all. This derives the hand-written "16 separate
@@ -23,13 +23,13 @@ How it decides:
    transpose links permuted axes) and which are *seeds* (axes a static gather, stack,
    concatenate or rev moves data along). Links form classes (union-find).
 2. Choose: classes holding a seed are split, greedily, while no value exceeds `max_pieces`.
-3. Cost: `_cost.scalarize_decision` weighs permutations removed vs re-joins added (per target),
+3. Cost: `backend.cost.scalarize_decision` weighs permutations removed vs re-joins added (per target),
    equations after vs before (compile time), the piece size (CPU: a loop per piece), and
    declines where a float value would be used both whole and in pieces (its cotangent would be
    summed in another order); every decline is reported with its reason. With `autotune=True`
    the soft verdicts (piece size, re-joins vs permutations) are checked by compiling both forms
-   (`_autotune.choose`, `_cost.pick_by_counts`); the hard limits (`_cost.scalarize_limit`) stand.
-   On the CPU the emitted form is measured too (`_join_cones`, `_cost.join_model`): each
+   (`backend.autotune.choose`, `backend.cost.pick_by_counts`); the hard limits (`backend.cost.scalarize_limit`) stand.
+   On the CPU the emitted form is measured too (`_join_cones`, `backend.cost.join_model`): each
    re-join's pieces' producer cones, which XLA:CPU compiles once per piece, and their paths,
    which its concatenate fusion computes; a re-join that would recompute is kept out of that
    fusion, and a split whose fused code grows past the limit is declined (compile time).
@@ -51,15 +51,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import _compat as C
-from .. import _autotune, _cost
-from .. import _exact
+from ..backend import autotune as _autotune
+from ..backend import cost as _cost
+from ..analysis import exact as _exact
 from .. import _walk
-from .._indexmap import gather_source_coords, window_core
-from .._pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
+from ..analysis.indexmap import gather_source_coords, window_core
+from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
                        shape_of)
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
-from .._report import Decline
+from ..report.records import Decline
 
 PASS = "scalarize"
 
@@ -726,7 +727,7 @@ _MOVES = frozenset({"reshape", "squeeze", "expand_dims", "slice", "unstack", "br
 
 
 def _join_cones(eqns, join_pieces: dict) -> list:
-    """Measure each re-join of an emitted level for `_cost.join_model`: per piece, its producer
+    """Measure each re-join of an emitted level for `backend.cost.join_model`: per piece, its producer
     cone (compute equations up to the level's fusion boundaries, each once) and its paths (the
     same counted once per path). Cones are bitsets over equation indices, dropped after their
     value's last use.
@@ -813,7 +814,7 @@ def _split(jaxpr, an, costs, apart=()):
 
 
 def _fused_code(jaxpr, an, target, costs, built):
-    """XLA:CPU's fused code for the split form `built` (`_cost.join_model`): (the form to
+    """XLA:CPU's fused code for the split form `built` (`backend.cost.join_model`): (the form to
     keep, the model); re-emitted with the re-joins that would recompute kept apart."""
     if not costs.concat_fuse_max:
         return built, None
@@ -829,8 +830,8 @@ def _fused_code(jaxpr, an, target, costs, built):
 
 def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     """One level: (new jaxpr, changed). With `autotune`, the cost model's soft verdicts (piece
-    size, re-joins vs permutations) are checked by compiling both forms (`_autotune.choose`);
-    its hard limits (`_cost.scalarize_limit`) always stand."""
+    size, re-joins vs permutations) are checked by compiling both forms (`backend.autotune.choose`);
+    its hard limits (`backend.cost.scalarize_limit`) always stand."""
     target = ctx.target
     costs = _cost.costs(target)
     if costs.min_piece_elements and not ctx.options.autotune:

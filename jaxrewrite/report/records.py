@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from . import _compat as C
+from .. import _compat as C
 
 logger = logging.getLogger("jaxrewrite")
 

@@ -25,7 +25,7 @@ import threading
 
 import jax
 
-from ._report import Report, logger
+from .records import Report, logger
 
 ENV = "JAXREWRITE_LOG"
 

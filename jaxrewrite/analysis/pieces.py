@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _compat as C
+from .. import _compat as C
 
 _prim = C.lax_primitive
 

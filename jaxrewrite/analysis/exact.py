@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _compat as C
-from ._report import Decline
+from .. import _compat as C
+from ..report.records import Decline
 
 _INEXACT: dict = {}  # dtype -> floating or complex (np.issubdtype is slow)
 

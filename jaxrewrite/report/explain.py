@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 import jax
 
-from . import _api
-from . import _pipeline
-from . import _walk
-from ._options import DEFAULTS
-from ._report import Event, Report
+from .. import _api
+from .. import _pipeline
+from .. import _walk
+from .._options import DEFAULTS
+from .records import Event, Report
 
 
 @dataclasses.dataclass
@@ -182,10 +182,10 @@ def _fusions(compiled, notes: list[str]) -> int | None:
     if compiled is None:
         return None
     try:
-        from . import _xla
+        from ..backend import xla as _xla
         return _xla.cpu_fusions(compiled)
     except ImportError:
-        notes.append("fusions counted from the HLO text (jaxrewrite._xla not available)")
+        notes.append("fusions counted from the HLO text (jaxrewrite.backend.xla not available)")
         return count_fusions(compiled.as_text())
     except Exception as e:  # noqa: BLE001 - recorded in the notes; the figure is left out
         notes.append(f"fusions not counted: {type(e).__name__}: {e}")
@@ -218,7 +218,7 @@ def _gpu_target(requested, notes: list[str]) -> str | None:
     if requested is None:
         return None
     try:
-        from . import _xla
+        from ..backend import xla as _xla
         ok = _xla.gpu_aot_available()
     except (ImportError, AttributeError):
         ok = False
@@ -232,8 +232,8 @@ def _gpu_target(requested, notes: list[str]) -> str | None:
 
 
 def _gpu_kernels(jitted, args, kwargs, target: str, notes: list[str]) -> int | None:
-    """Kernels of `jitted` compiled for `target` without a GPU (`_xla`'s deviceless compiler)."""
-    from . import _xla
+    """Kernels of `jitted` compiled for `target` without a GPU (`backend.xla`'s deviceless compiler)."""
+    from ..backend import xla as _xla
     try:
         def place(x):
             if hasattr(x, "shape") and hasattr(x, "dtype"):

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _compat as C
+from .. import _compat as C
 
 # Literals/params with at most this many elements are keyed by their bytes inline; larger ones
 # by a `_Const` (content digest as hash, full byte comparison as equality).

@@ -105,7 +105,7 @@ class TargetCosts:
     # hash re-joined into 8 words (tests/test_never_worse.py) took 7.5e4x the instructions of
     # the unfused form, and 1,024 blocks ran 100x slower at 2 rounds and did not finish in 15
     # minutes at 10. A re-join whose paths exceed `max_recompute` x its shared cone is kept
-    # out of that fusion (`_pieces.Builder._stack_apart`: a stack of more than 8 operands; each
+    # out of that fusion (`analysis.pieces.Builder._stack_apart`: a stack of more than 8 operands; each
     # piece then has a loop fusion of its own, where shared values are computed once).
     # 0: no concatenate fusion modelled (GPU: not measured).
     concat_fuse_max: int = 0
@@ -521,7 +521,7 @@ def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
 
 
 # What a rolled program must measure, against the program it came from, to be kept when
-# `reroll` is autotuned by time (`autotune="time"`, `_autotune.choose_timed`): (most compile
+# `reroll` is autotuned by time (`autotune="time"`, `backend.autotune.choose_timed`): (most compile
 # time, most run time), each a ratio: rolling must win compile time and may lose run time only
 # within the budget. The jaxpr does not say which programs win: before the backward pass
 # recomputed its residuals (`reroll_recompute`), rolled Flax NNX and Linen steps ran 1.2x the

@@ -3,9 +3,10 @@ choice on disk.
 
 | `autotune` | how a choice is made                                                            |
 | ---------- | ------------------------------------------------------------------------------- |
-| False      | the cost model alone (`_cost`), no compile                                      |
-| True       | compile each form for the target, count launches (`_xla.launches`); the target's |
-|            | `_cost.TargetCosts` row says how counts and the model combine (`pick_by_counts`) |
+| False      | the cost model alone (`backend.cost`), no compile                               |
+| True       | compile each form for the target, count launches (`backend.xla.launches`); the  |
+|            | target's `backend.cost.TargetCosts` row says how counts and the model combine   |
+|            | (`pick_by_counts`)                                                              |
 | "time"     | as True, then run both forms on the local device (paired medians): the faster   |
 |            | wins. Timings are noisy, so two processes may choose differently: opt-in only.  |
 |            | `reroll` is decided only here, by compile and run time (`choose_timed`): what   |
@@ -14,12 +15,12 @@ choice on disk.
 Counts come from a deterministic compile, so every process of a multi-host run makes the same
 choice (and reads the same cache entry). Compiling happens on the real backend when the target
 is the local one; for target 'gpu' from a CPU-only process it uses XLA's deviceless GPU compiler
-when the `gpu-aot` extra is importable and `JAX_PLATFORMS=cpu` (see `_xla`); with neither, the
+when the `gpu-aot` extra is importable and `JAX_PLATFORMS=cpu` (see `backend.xla`); with neither, the
 cost model decides and nothing is cached.
 
 Cache: one JSON object in `$JAXREWRITE_CACHE_DIR/autotune.json` (default
 `~/.cache/jaxrewrite/autotune.json`), keyed by `digest()` of the level (a stable-across-processes
-hash of its structural key, `_structural`), the pass, the target, the options the choice depends
+hash of its structural key, `analysis.structural`), the pass, the target, the options the choice depends
 on and the JAX version. Writes replace the file atomically; a cache that cannot be read or
 written is ignored (the choice is then made again), never an error.
 """
@@ -36,8 +37,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import _compat as C
-from . import _structural
+from .. import _compat as C
+from ..analysis import structural as _structural
 
 # Compiles made by this process for autotuning (tests read it: a cached choice compiles nothing).
 COMPILES = 0
@@ -150,7 +151,7 @@ def _local_backend() -> str | None:
 
 def compiler_for(target: str) -> tuple[str | None, str]:
     """('local' | 'deviceless' | None, why): how forms can be compiled for `target` here."""
-    from . import _xla
+    from . import xla as _xla
     if _local_backend() == _platform(target):
         return "local", "compiled on the local backend"
     if _platform(target) == "gpu" and _xla.gpu_aot_available():
@@ -174,7 +175,7 @@ def compile_form(cj, how: str):
     """Compile the closed jaxpr `cj` as a program of its own ('local' or 'deviceless')."""
     global COMPILES
     import jax
-    from . import _xla
+    from . import xla as _xla
     COMPILES += 1
     if how == "deviceless":
         return _xla.gpu_compile(jax.jit(_fn(cj)), *_specs(cj))
@@ -182,7 +183,7 @@ def compile_form(cj, how: str):
 
 
 def launch_count(compiled, target: str) -> int:
-    from . import _xla
+    from . import xla as _xla
     if _platform(target) == "cpu":
         return _xla.cpu_fusions(compiled)
     return _xla.gpu_kernels(compiled)
@@ -216,9 +217,9 @@ def choose_timed(ctx, pass_name: str, original, candidate, key_extra: tuple = ()
     """Whether to keep `candidate` for `original` (both whole programs, ClosedJaxprs), by
     compiling each once on the local backend (lower + compile seconds) and running them paired
     on zeros (not with `run=False`: a loop whose trips depend on the data might not end on
-    zeros): `_cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be
+    zeros): `backend.cost.reroll_measured` decides. Cached as `choose` caches; where nothing can be
     compiled here, the candidate is kept (the pass's own cost model has already decided)."""
-    from . import _cost
+    from . import cost as _cost
     report, target = ctx.report, ctx.target
     key, rec = _cached(report, original, pass_name, target, "time", key_extra)
     if rec is not None:
@@ -271,9 +272,9 @@ def choose(ctx, pass_name: str, original, build: Callable, model_go: bool, model
 
     `original` is the level as a ClosedJaxpr; `build()` makes the candidate (only when it is
     needed); `model_go`/`model_why` are the cost model's verdict, used where nothing can be
-    compiled and as the tie-break of `_cost.pick_by_counts`.
+    compiled and as the tie-break of `backend.cost.pick_by_counts`.
     """
-    from . import _cost
+    from . import cost as _cost
     mode, target, report = ctx.options.autotune, ctx.target, ctx.report
     key, rec = _cached(report, original, pass_name, target, str(mode), key_extra)
     if rec is not None:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ._report import Decline
+from ..report.records import Decline
 
 FILL = -1  # source-map entry of an element that takes the fill value
 
