@@ -224,12 +224,15 @@ def equinox_model(n: int, seed: int = 0):
     return loss, params
 
 
+# (loss(params, tokens), params) for `n` blocks, per model
+LOSSES = {"nnx": nnx_model, "linen": linen, "haiku": haiku_model, "equinox": equinox_model,
+          "linen_remat": lambda n, seed=0: linen(n, remat=True, seed=seed)}
+
+
 def build(model: str, n: int, seed: int = 0):
     """(step, (params, opt_state, tokens)) for one of `MODELS` with `n` blocks."""
     import optax
-    loss, params = {"nnx": nnx_model, "linen": linen, "haiku": haiku_model,
-                    "equinox": equinox_model,
-                    "linen_remat": lambda n, seed: linen(n, remat=True, seed=seed)}[model](n, seed)
+    loss, params = LOSSES[model](n, seed=seed)
     tx = optax.adam(1e-3)
     return _adam_step(loss, tx), (params, tx.init(params), _tokens(seed + 1))
 
@@ -340,12 +343,23 @@ def _compile_s(fn, args, repeats: int) -> float:
     return statistics.median(ts)
 
 
+def _stacked_unread(rolled):
+    """A rolled gradient's jaxpr whose outputs are its first output (the loss) and the rolled
+    loops' own stacked results: no layer's row is read out of them."""
+    from jaxrewrite import _compat as C
+    from jaxrewrite import _walk
+    from jaxrewrite.passes import reroll
+    j = rolled.jaxpr
+    loops = [v for e in j.eqns if e.primitive.name in ("scan", "custom_jvp_call")
+             and not reroll.is_offsets_loop(e) for v in e.outvars]
+    return _walk.dce_closed(C.closed(C.replace_jaxpr(j, outvars=list(j.outvars[:1]) + loops),
+                                     rolled.consts))
+
+
 def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     from jax import lax
 
     from jaxrewrite import _compat as C
-    from jaxrewrite import _walk
-    from jaxrewrite.passes import reroll
     stacked = [jnp.zeros((n,) + s, jnp.float32) for s in _LEAVES]
     per = [[jnp.zeros(s, jnp.float32) for _ in range(n)] for s in _LEAVES]
 
@@ -397,12 +411,7 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     grad = jax.value_and_grad(loss)
     cj = jax.make_jaxpr(lambda *a: grad(*jax.tree_util.tree_unflatten(tree, a)))(*args)
     rolled = jaxrewrite.rewrite_jaxpr(cj, reroll=True)
-    j = rolled.jaxpr
-    # the rolled loops' own (stacked) results, as the program's outputs: no unstacking
-    loops = [v for e in j.eqns if e.primitive.name in ("scan", "custom_jvp_call")
-             and not reroll.is_offsets_loop(e) for v in e.outvars]
-    kept = _walk.dce_closed(C.closed(C.replace_jaxpr(j, outvars=list(j.outvars[:1]) + loops),
-                                     rolled.consts))
+    kept = _stacked_unread(rolled)
     for case, c in (("Linen gradient, jax.jit", cj), ("Linen gradient, rolled", rolled),
                     ("Linen gradient, rolled, stacked gradients returned", kept)):
         rows.append(dict(case=case, N=n,
@@ -410,15 +419,10 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     return rows
 
 
-
 # --- what a rolled step can reach: the parts that rolling leaves per leaf (--floor) -----------------
 
 FLOOR_COLUMNS = ("model", "N", "step_jit_s", "step_rolled_s", "rolled_ratio", "grad_jit_s",
                  "grad_rolled_s", "update_s", "floor_ratio")
-
-_LOSSES = {"nnx": nnx_model, "linen": linen, "haiku": haiku_model, "equinox": equinox_model,
-           "linen_remat": lambda n, seed=0: linen(n, remat=True, seed=seed)}
-
 
 def _flat(fn, tree_args):
     """`fn`'s closed jaxpr over the leaves of `tree_args`, and those leaves."""
@@ -432,15 +436,13 @@ def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
     are (nothing read per layer); and of the optax update alone, its gradients passed in.
 
     A rolled step keeps the update per parameter leaf: its inputs and outputs are the user's
-    per-layer leaves, and stacking them inside the program compiles slower still (measured in
-    the CHANGELOG). So `floor_ratio`, (rolled gradient + update) / `jax.jit`'s step, is what a
+    per-layer leaves, and rolling or stacking the update inside the program compiles slower still
+    (`--unstack`). So `floor_ratio`, (rolled gradient + update) / `jax.jit`'s step, is what a
     rolled step could reach if reading each layer's gradient row were free."""
     import optax
 
     from jaxrewrite import _compat as C
-    from jaxrewrite import _walk
-    from jaxrewrite.passes import reroll
-    loss, params = _LOSSES[model](n, 0)
+    loss, params = LOSSES[model](n)
     tx = optax.adam(1e-3)
     state, tok = tx.init(params), _tokens(1)
 
@@ -451,11 +453,7 @@ def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
     grad_j, grad_a = _flat(jax.value_and_grad(loss), (params, tok))
     upd_j, upd_a = _flat(update, (params, state, params))
     step_r = jaxrewrite.rewrite_jaxpr(step_j, reroll=True)
-    g = jaxrewrite.rewrite_jaxpr(grad_j, reroll=True)
-    loops = [v for e in g.jaxpr.eqns if e.primitive.name in ("scan", "custom_jvp_call")
-             and not reroll.is_offsets_loop(e) for v in e.outvars]
-    grad_r = _walk.dce_closed(C.closed(C.replace_jaxpr(g.jaxpr, outvars=g.jaxpr.outvars[:1] + loops),
-                                       g.consts))
+    grad_r = _stacked_unread(jaxrewrite.rewrite_jaxpr(grad_j, reroll=True))
     forms = {"step_jit_s": (step_j, step_a), "step_rolled_s": (step_r, step_a),
              "grad_jit_s": (grad_j, grad_a), "grad_rolled_s": (grad_r, grad_a),
              "update_s": (upd_j, upd_a)}
@@ -470,6 +468,7 @@ def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
     r.update(model=model, N=n, rolled_ratio=r["step_rolled_s"] / r["step_jit_s"],
              floor_ratio=(r["grad_rolled_s"] + r["update_s"]) / r["step_jit_s"])
     return [r]
+
 
 if __name__ == "__main__":
     from _common import markdown_table, write_results
