@@ -10,8 +10,8 @@ a roll, a transpose written as fancy indexing, a per-row rotation, and a static 
 
 Per program and variant: equations and gathers left in the traced program, CPU fusions, CPU run
 time (paired medians, one process) and compile time (paired, caches cleared), as ratios to
-jax.jit; kernels from XLA's deviceless GPU compile (`jaxrewrite.backend.xla`, the gpu-aot extra) when a
-`gpu_target` is given, else those columns stay empty.
+jax.jit; kernels from XLA's deviceless GPU compile (`jaxrewrite.backend.xla`, the gpu-aot extra)
+when a `gpu_target` is given, else those columns stay empty.
 """
 from __future__ import annotations
 

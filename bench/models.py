@@ -383,8 +383,8 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
         def body(c, i):
             pick = [lambda t, j=j: [[x[k][j] for k in range(len(gs))] for x in t] for j in range(n)]
             rp, rm, rv = lax.switch(i, pick, (p, m, v))
-            return c, [_adam_leaf(lax.dynamic_index_in_dim(g, i, 0, keepdims=False), rp[k], rm[k], rv[k])
-                       for k, g in enumerate(gs)]
+            rows = [lax.dynamic_index_in_dim(g, i, 0, keepdims=False) for g in gs]
+            return c, [_adam_leaf(g, rp[k], rm[k], rv[k]) for k, g in enumerate(rows)]
         return rows_of(lax.scan(body, 0, jnp.arange(n))[1], offsets)
 
     def stacked_update(gs, p, m, v, offsets):  # vectorised: each leaf kind's layers stacked
@@ -419,7 +419,7 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
     return rows
 
 
-# --- what a rolled step can reach: the parts that rolling leaves per leaf (--floor) -----------------
+# --- what a rolled step can reach: what rolling leaves per leaf (--floor) -------------------------
 
 FLOOR_COLUMNS = ("model", "N", "step_jit_s", "step_rolled_s", "rolled_ratio", "grad_jit_s",
                  "grad_rolled_s", "update_s", "floor_ratio")

@@ -40,8 +40,8 @@ def memo(cache: dict | None, kind: str, key, compute: Callable[[], Any]):
 
 
 def gather_map(cache: dict | None, operand_shape, idx, dimension_numbers, slice_sizes, mode):
-    """`analysis.indexmap.gather_map`, memoised by value: the gathers and scalarize passes read the same
-    maps. The result is shared: read it, never write it."""
+    """`analysis.indexmap.gather_map`, memoised by value: the gathers and scalarize passes read the
+    same maps. The result is shared: read it, never write it."""
     return memo(cache, "gather_map",
                 (tuple(operand_shape), array_key(idx), dimension_numbers, tuple(slice_sizes),
                  mode),

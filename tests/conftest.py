@@ -20,8 +20,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture
 def map_sizes(monkeypatch):
-    """`map_sizes("gather_map")`: spy on that `analysis.indexmap` function; the returned list collects the
-    size (elements) of every operand shape it is asked to map."""
+    """`map_sizes("gather_map")`: spy on that `analysis.indexmap` function; the returned list
+    collects the size (elements) of every operand shape it is asked to map."""
     from jaxrewrite.analysis import indexmap as _indexmap
 
     def record(name):

@@ -1,5 +1,5 @@
-"""`autotune=` (jaxrewrite/backend/autotune.py): choices made by compiling the candidate forms, cached on
-disk by a stable structural digest, reused by a fresh process without compiling."""
+"""`autotune=` (jaxrewrite/backend/autotune.py): choices made by compiling the candidate forms,
+cached on disk by a stable structural digest, reused by a fresh process without compiling."""
 import json
 import os
 import subprocess

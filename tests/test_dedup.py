@@ -1,4 +1,5 @@
-"""Structural identity (`analysis.structural`) and the dedup pass: identical inner jaxprs become one."""
+"""Structural identity (`analysis.structural`) and the dedup pass: identical inner jaxprs become
+one."""
 import functools
 
 import jax

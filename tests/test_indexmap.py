@@ -1,4 +1,5 @@
-"""`analysis.indexmap`: gather/scatter source maps against lax itself, decomposition, self-validation."""
+"""`analysis.indexmap`: gather/scatter source maps against lax itself, decomposition,
+self-validation."""
 import jax
 import numpy as np
 import pytest

@@ -49,7 +49,7 @@ class Builder:
     """Emits the new equations of one level; holds each old value whole and/or as pieces."""
 
     def __init__(self, chosen: dict, join_form: str = "flat", apart=(), apart_min: int = 0):
-        self.join_form = join_form    # "flat" or "nested" (per target: _cost.TargetCosts)
+        self.join_form = join_form    # "flat" or "nested" (per target: backend.cost.TargetCosts)
         # old vars whose re-join must stay out of a concatenate fusion (`_stack_apart`): the
         # stack gets at least `apart_min` operands
         self.apart = frozenset(apart)
@@ -259,7 +259,7 @@ class Builder:
     def _stack_apart(self, flat, axis):
         """The stack of `flat` with at least `apart_min` operands, so that XLA:CPU leaves the
         concatenate unfused (it fuses one of at most 8 operands with its producers, and its
-        concatenate emitter recomputes a shared value once per path to it: _cost.join_model).
+        concatenate emitter recomputes a shared value once per path to it: backend.cost.join_model).
 
             before: s:u32[N,8] = stack[axis=1] a_0 .. a_7
             after:  t:u32[N,16] = stack[axis=1] a_0 .. a_7 a_0 .. a_7

@@ -15,13 +15,13 @@ choice on disk.
 Counts come from a deterministic compile, so every process of a multi-host run makes the same
 choice (and reads the same cache entry). Compiling happens on the real backend when the target
 is the local one; for target 'gpu' from a CPU-only process it uses XLA's deviceless GPU compiler
-when the `gpu-aot` extra is importable and `JAX_PLATFORMS=cpu` (see `backend.xla`); with neither, the
-cost model decides and nothing is cached.
+when the `gpu-aot` extra is importable and `JAX_PLATFORMS=cpu` (see `backend.xla`); with neither,
+the cost model decides and nothing is cached.
 
 Cache: one JSON object in `$JAXREWRITE_CACHE_DIR/autotune.json` (default
 `~/.cache/jaxrewrite/autotune.json`), keyed by `digest()` of the level (a stable-across-processes
-hash of its structural key, `analysis.structural`), the pass, the target, the options the choice depends
-on and the JAX version. Writes replace the file atomically; a cache that cannot be read or
+hash of its structural key, `analysis.structural`), the pass, the target, the options the choice
+depends on and the JAX version. Writes replace the file atomically; a cache that cannot be read or
 written is ignored (the choice is then made again), never an error.
 """
 from __future__ import annotations

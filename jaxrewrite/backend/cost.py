@@ -105,8 +105,8 @@ class TargetCosts:
     # hash re-joined into 8 words (tests/test_never_worse.py) took 7.5e4x the instructions of
     # the unfused form, and 1,024 blocks ran 100x slower at 2 rounds and did not finish in 15
     # minutes at 10. A re-join whose paths exceed `max_recompute` x its shared cone is kept
-    # out of that fusion (`analysis.pieces.Builder._stack_apart`: a stack of more than 8 operands; each
-    # piece then has a loop fusion of its own, where shared values are computed once).
+    # out of that fusion (`analysis.pieces.Builder._stack_apart`: a stack of more than 8 operands;
+    # each piece then has a loop fusion of its own, where shared values are computed once).
     # 0: no concatenate fusion modelled (GPU: not measured).
     concat_fuse_max: int = 0
     max_recompute: float = float("inf")

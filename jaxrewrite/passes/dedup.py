@@ -8,8 +8,8 @@
 JAX's `jit` lowering caches on (name, jaxpr object, shardings, layouts): fresh closures,
 lambdas and `functools.partial`s of one body are traced to distinct-but-equal jaxprs and each is
 lowered to its own `func.func`; once they are one object they lower to one. Identity is the
-structural key of `jaxrewrite.analysis.structural` (alpha-equivalence; params including `name`, literals,
-avals with weak types, effects, constants by content, tracer constants never).
+structural key of `jaxrewrite.analysis.structural` (alpha-equivalence; params including `name`,
+literals, avals with weak types, effects, constants by content, tracer constants never).
 
 What sharing buys, per kind of nested jaxpr (measured in bench/dedup.py, 50 fresh closures of
 an 8-step body, CPU):

@@ -307,8 +307,8 @@ def _loop_plan(eqn, body, trips, ctx, max_axis, piece_of) -> _cost.LoopPlan:
 def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     """`rule(eqn)` for `_walk.rewrite_eqns`: a loop's unrolled replacement, or None. What it
     unrolls is recorded in `pending` ((eqn, summary, calls inlined)) until the level's verdict.
-    Where the target splits carries instead (`backend.cost.LoopCosts.split_carry`, CPU, `"auto"`), the
-    replacement is the rolled loop with its carry split (`loop_carry`), or None."""
+    Where the target splits carries instead (`backend.cost.LoopCosts.split_carry`, CPU, `"auto"`),
+    the replacement is the rolled loop with its carry split (`loop_carry`), or None."""
     lc = _cost.loop_costs(ctx.target)
     split_carry = lc.split_carry and mode == "auto"
     max_pieces = _cost.costs(ctx.target).max_pieces

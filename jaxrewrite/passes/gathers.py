@@ -1,9 +1,10 @@
 """Static-index gathers, scatters and dynamic slices become structural data movement.
 
 Where an index operand is a literal (constant folding made it one), the operation's source map
-(`analysis.indexmap.gather_map`) says where every output element comes from; `analysis.indexmap.decompose`
-writes that map as slices, reverses, transposes, reshapes and broadcasts, checked on an
-index-tagged operand before it is used. Rules (one per primitive, table `RULES`):
+(`analysis.indexmap.gather_map`) says where every output element comes from;
+`analysis.indexmap.decompose` writes that map as slices, reverses, transposes, reshapes and
+broadcasts, checked on an index-tagged operand before it is used. Rules (one per primitive, table
+`RULES`):
 
     gather x [[3],[2],[1],[0]]  (PROMISE_IN_BOUNDS/CLIP)      ->  rev[dimensions=(0,)] x
     gather x idx  (FILL_OR_DROP, some windows out of range)   ->  select_n(mask, full(fill), moved)

@@ -55,8 +55,9 @@ scan runs the forward body again, as a hand-written scan of checkpointed layers 
 Whether rolling pays is decided per target by `backend.cost`: without a contraction only the forward
 is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
 step wins where XLA fuses the unrolled backward pass across layers and loses where it does not
-(`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both ways
-once (`backend.autotune.choose_timed`, cached on disk) and the rolled one is kept only where it wins.
+(`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both
+ways once (`backend.autotune.choose_timed`, cached on disk) and the rolled one is kept only where
+it wins.
 
 Tolerance: the scan computes the same operations in the same order; XLA may fuse a loop body
 differently from an unrolled program, so float results can differ in the last bits (measured
@@ -775,7 +776,8 @@ def _differentiable(call) -> bool:
 
 
 def _has_contraction(call) -> bool:
-    """Whether a call's body holds a contraction (`backend.cost.REROLL_CONTRACTIONS`), at any depth."""
+    """Whether a call's body holds a contraction (`backend.cost.REROLL_CONTRACTIONS`), at any
+    depth."""
     return any(e.primitive.name in _cost.REROLL_CONTRACTIONS
                for e in _walk.iter_eqns(C.closed(_body_of(call), ())
                                         if not isinstance(_body_of(call), C.ClosedJaxpr)

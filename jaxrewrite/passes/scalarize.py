@@ -23,16 +23,17 @@ How it decides:
    transpose links permuted axes) and which are *seeds* (axes a static gather, stack,
    concatenate or rev moves data along). Links form classes (union-find).
 2. Choose: classes holding a seed are split, greedily, while no value exceeds `max_pieces`.
-3. Cost: `backend.cost.scalarize_decision` weighs permutations removed vs re-joins added (per target),
-   equations after vs before (compile time), the piece size (CPU: a loop per piece), and
+3. Cost: `backend.cost.scalarize_decision` weighs permutations removed vs re-joins added (per
+   target), equations after vs before (compile time), the piece size (CPU: a loop per piece), and
    declines where a float value would be used both whole and in pieces (its cotangent would be
    summed in another order); every decline is reported with its reason. With `autotune=True`
    the soft verdicts (piece size, re-joins vs permutations) are checked by compiling both forms
-   (`backend.autotune.choose`, `backend.cost.pick_by_counts`); the hard limits (`backend.cost.scalarize_limit`) stand.
-   On the CPU the emitted form is measured too (`_join_cones`, `backend.cost.join_model`): each
-   re-join's pieces' producer cones, which XLA:CPU compiles once per piece, and their paths,
-   which its concatenate fusion computes; a re-join that would recompute is kept out of that
-   fusion, and a split whose fused code grows past the limit is declined (compile time).
+   (`backend.autotune.choose`, `backend.cost.pick_by_counts`); the hard limits
+   (`backend.cost.scalarize_limit`) stand. On the CPU the emitted form is measured too
+   (`_join_cones`, `backend.cost.join_model`): each re-join's pieces' producer cones, which
+   XLA:CPU compiles once per piece, and their paths, which its concatenate fusion computes; a
+   re-join that would recompute is kept out of that fusion, and a split whose fused code grows
+   past the limit is declined (compile time).
 4. Emit: every equation is rebuilt per piece by its rule; an equation without a rule, or whose
    rule cannot use the pieces it is given, gets whole operands (re-joined on demand).
 
@@ -56,8 +57,8 @@ from ..backend import cost as _cost
 from ..analysis import exact as _exact
 from .. import _walk
 from ..analysis.indexmap import gather_source_coords, window_core
-from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest_positions, rest_shape,
-                       shape_of)
+from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest_positions,
+                               rest_shape, shape_of)
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
 from ..report.records import Decline
@@ -727,9 +728,9 @@ _MOVES = frozenset({"reshape", "squeeze", "expand_dims", "slice", "unstack", "br
 
 
 def _join_cones(eqns, join_pieces: dict) -> list:
-    """Measure each re-join of an emitted level for `backend.cost.join_model`: per piece, its producer
-    cone (compute equations up to the level's fusion boundaries, each once) and its paths (the
-    same counted once per path). Cones are bitsets over equation indices, dropped after their
+    """Measure each re-join of an emitted level for `backend.cost.join_model`: per piece, its
+    producer cone (compute equations up to the level's fusion boundaries, each once) and its paths
+    (the same counted once per path). Cones are bitsets over equation indices, dropped after their
     value's last use.
 
         a = x + y ; l = a << 7 ; r = a >> 25 ; b = l ^ r ; piece = b + a

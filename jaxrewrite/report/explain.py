@@ -232,7 +232,8 @@ def _gpu_target(requested, notes: list[str]) -> str | None:
 
 
 def _gpu_kernels(jitted, args, kwargs, target: str, notes: list[str]) -> int | None:
-    """Kernels of `jitted` compiled for `target` without a GPU (`backend.xla`'s deviceless compiler)."""
+    """Kernels of `jitted` compiled for `target` without a GPU (`backend.xla`'s deviceless
+    compiler)."""
     from ..backend import xla as _xla
     try:
         def place(x):
