@@ -343,6 +343,12 @@ def _compile_s(fn, args, repeats: int) -> float:
     return statistics.median(ts)
 
 
+def _flat(fn, tree_args):
+    """`fn`'s closed jaxpr over the leaves of `tree_args`, and those leaves."""
+    leaves, tree = jax.tree_util.tree_flatten(tree_args)
+    return jax.make_jaxpr(lambda *a: fn(*jax.tree_util.tree_unflatten(tree, a)))(*leaves), leaves
+
+
 def _stacked_unread(rolled):
     """A rolled gradient's jaxpr whose outputs are its first output (the loss) and the rolled
     loops' own stacked results: no layer's row is read out of them."""
@@ -406,10 +412,7 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
         print(f"models --unstack: Linen rows skipped (missing {missing('linen')})")
         return rows
     loss, params = linen(n)
-    args = jax.tree_util.tree_leaves((params, _tokens(1)))
-    tree = jax.tree_util.tree_structure((params, _tokens(1)))
-    grad = jax.value_and_grad(loss)
-    cj = jax.make_jaxpr(lambda *a: grad(*jax.tree_util.tree_unflatten(tree, a)))(*args)
+    cj, args = _flat(jax.value_and_grad(loss), (params, _tokens(1)))
     rolled = jaxrewrite.rewrite_jaxpr(cj, reroll=True)
     kept = _stacked_unread(rolled)
     for case, c in (("Linen gradient, jax.jit", cj), ("Linen gradient, rolled", rolled),
@@ -423,12 +426,6 @@ def unstack_rows(n: int = 16, repeats: int = 3) -> list[dict]:
 
 FLOOR_COLUMNS = ("model", "N", "step_jit_s", "step_rolled_s", "rolled_ratio", "grad_jit_s",
                  "grad_rolled_s", "update_s", "floor_ratio")
-
-def _flat(fn, tree_args):
-    """`fn`'s closed jaxpr over the leaves of `tree_args`, and those leaves."""
-    leaves, tree = jax.tree_util.tree_flatten(tree_args)
-    return jax.make_jaxpr(lambda *a: fn(*jax.tree_util.tree_unflatten(tree, a)))(*leaves), leaves
-
 
 def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
     """Compile seconds (lower + compile, paired) of the training step, `jax.jit` and rolled; of
