@@ -81,8 +81,11 @@ def test_cpu_small_batch_stays_rolled_with_reason():
 
 
 def test_flatten_off_keeps_loop_and_calls():
+    """flatten=False keeps the loop and the double round's call; scalarize still inlines the
+    small calls that hold static moves (`_quarterround`'s column stack) and splits inside."""
     counts = _counts(jax.vmap(block_fori), KEYS, target="gpu", flatten=False)
-    assert counts["scan"] == 1 and counts["jit"] >= 2 and counts["gather"] == 2
+    assert counts["scan"] == 1 and counts["jit"] >= 1
+    assert counts.get("gather", 0) == 0 and counts.get("concatenate", 0) == 0
 
 
 def test_idempotent():

@@ -67,6 +67,7 @@ class Builder:
         # aval, so each split equation asks JAX once instead of once per piece (ChaCha20: 1,943
         # abstract evaluations → a few dozen; this was most of the pass's time).
         self._avals: dict = {}
+        self.splats: dict = {}        # new var made by broadcasting a literal scalar → its value
 
     # -- equations --
     def _abstract_eval(self, prim, avals, params) -> list:
@@ -89,7 +90,17 @@ class Builder:
         return outvars
 
     def bind1(self, prim, atoms, **params):
-        return self.bind(prim, atoms, **params)[0]
+        out = self.bind(prim, atoms, **params)[0]
+        if prim.name == "broadcast_in_dim" and C.is_literal(atoms[0]) and shape_of(atoms[0]) == ():
+            self.splats[out] = np.asarray(C.literal_value(atoms[0])).item()
+        return out
+
+    def uniform(self, atom):
+        """The one value every element of `atom` has, where this level knows it; else None."""
+        if C.is_literal(atom):
+            v = np.asarray(C.literal_value(atom))
+            return v.flat[0].item() if v.size and np.all(v == v.flat[0]) else None
+        return self.splats.get(atom)
 
     def reshape(self, atom, shape):
         shape = tuple(int(s) for s in shape)

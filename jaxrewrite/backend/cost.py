@@ -77,6 +77,17 @@ class TargetCosts:
     # `x.at[:, idx].set(0.0)`: 2 -> 1 kernels, bench/gathers.py). CPU: the concatenate form ran
     # slower than the scatter there (1.3-1.7x in two bench/gathers.py runs), so the CPU keeps it.
     scatter_concat_pieces: int = 0
+    # Static updates (`x.at[i].set(v)`, `dynamic_update_slice` at literal starts) as
+    # `select_n(hit, x, moved(v))` ("select") or kept as the update ("in_place"). CPU: XLA
+    # updates the buffer in place, costing the elements written, where the select reads and
+    # writes the whole operand; measured slower wherever it was taken (paired, CPU, vs
+    # jax.jit): a vmapped cube face turn `c.at[2].set(rot90(c[2]))` over 4,096 cubes 8.1x;
+    # a register shift `roll(L, -1).at[7].set(t)`, 16 steps, 4,096 x 8 words 9.7x, in a
+    # `fori_loop` 2.2x; jax-cfd's pressure solve gradient 1.12-1.24x. So the CPU keeps the
+    # update, and takes the select only inside a level that scalarize splits (there it is
+    # renaming: `passes/scalarize.py`). GPU: the scatter is a kernel of its own after a copy of
+    # the operand, the select fuses (`x.at[:, idx].set(0.0)`: 2 -> 1 H200 kernels).
+    update_form: str = "select"
     # Re-rolling (passes/reroll.py): read per-layer operands from their list inside the loop
     # instead of stacking a copy (the parameters, alive through the backward loop). CPU: temp
     # memory of the N=24 stack's gradient 9.19 -> 4.69 MB at the same run time (+5% compile).
@@ -170,7 +181,7 @@ COSTS: dict[str, TargetCosts] = {
                        reroll_runtime_offsets=True, reroll_recompute=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
-                       max_piece_cone=2400, cost_axis=32),
+                       max_piece_cone=2400, cost_axis=32, update_form="in_place"),
     "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
@@ -190,6 +201,17 @@ class ScalarizePlan:
     joins: int             # values re-joined because a consumer needs the whole array
     mixed_inexact: int = 0 # float values used both whole and in pieces
     piece_elements: int = 0  # elements of the smallest piece
+
+
+def update_form_decision(target: str | None, operand_elements: int, updated_elements: int,
+                         forced: bool = False) -> str | None:
+    """Why a static update stays an update (None: take the select form). `forced`:
+    `gathers="all"`, which asks for every structural form."""
+    if forced or costs(target).update_form == "select":
+        return None
+    return (f"kept as an in-place update on {target}: it writes {updated_elements} element(s); "
+            f"the select form would read and write all {operand_elements} (taken only where "
+            "scalarize splits the updated axis)")
 
 
 def scalarize_limit(plan: ScalarizePlan, target: str | None) -> str | None:

@@ -9,10 +9,8 @@ broadcasts, checked on an index-tagged operand before it is used. Rules (one per
     gather x [[3],[2],[1],[0]]  (PROMISE_IN_BOUNDS/CLIP)      ->  rev[dimensions=(0,)] x
     gather x idx  (FILL_OR_DROP, some windows out of range)   ->  select_n(mask, full(fill), moved)
     dynamic_slice x 1 2  (literal starts; XLA clamps them)     ->  slice x (1,2) (1+h,2+w)
-    dynamic_update_slice x u 1 2  (literal starts)             ->  select_n(window, x, moved(u))
-    scatter x idx v   (.at[idx].set, unique targets)           ->  select_n(hit, x, moved(v))
-    scatter-add x idx v                                        ->  x + select_n(hit, -0.0, moved(v))
-    scatter-mul/min/max x idx v (integer, boolean operands)    ->  select_n(hit, x, x ⊕ moved(v))
+    scatter / dynamic_update_slice (static indices), where the target's cost row takes the
+    select form (the GPU; see `passes/_updates.py`)           ->  select_n(hit, x, moved(v))
 
 Preconditions and declines (recorded with a reason, the original kept):
 * PROMISE_IN_BOUNDS with an out-of-range static index: implementation-defined;
@@ -20,6 +18,7 @@ Preconditions and declines (recorded with a reason, the original kept):
   then at most `PIECE_BUDGET` pieces. The default never adds a concatenate or pad: XLA GPU
   counts them against a per-fusion budget (measured worse than the gather);
 * operands or outputs above `fold_limit` elements (no index map is materialized);
+* a static update on a target that updates in place (the CPU): kept, with the estimate;
 * fills for extended dtypes (PRNG keys); a scatter whose result depends on the order of
   duplicate indices (set, floating add/mul); integer add, min and max with duplicates are kept
   exact by applying one layer of unique targets after another.
@@ -41,45 +40,26 @@ from .. import _walk
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
 from ..report.records import Decline
+from . import _updates as U
 
 NAME = "gathers"
 PIECE_BUDGET = 32
 # Operand dims above this size that every window takes whole (a vmapped gather's batch) are left
 # out of the index map and passed through: the map stays the size of one window's permutation.
-WIDE_DIM = 64
+WIDE_DIM = U.WIDE_DIM
 
 
-class _LaxOps:
-    reshape = staticmethod(lambda x, shape: lax.reshape(x, tuple(shape)))
-    slice = staticmethod(lambda x, s, l, k: lax.slice(x, tuple(s), tuple(l), tuple(k)))
-    rev = staticmethod(lambda x, dims: lax.rev(x, tuple(dims)))
-    transpose = staticmethod(lambda x, perm: lax.transpose(x, tuple(perm)))
-    broadcast_in_dim = staticmethod(
-        lambda x, shape, dims: lax.broadcast_in_dim(x, tuple(shape), tuple(dims)))
-    concatenate = staticmethod(lambda xs, axis: lax.concatenate(list(xs), axis))
-
-
-LAX_OPS = _LaxOps()
+LAX_OPS = U.LAX_OPS
 
 
 def _size(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64))
 
 
-def _is_extended(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-        return False
-    except TypeError:
-        return True
-
-
-def _reduced_mask(mask: np.ndarray):
-    """(small mask, broadcast dims): `mask` kept only along the axes where it varies."""
-    dims = tuple(d for d in range(mask.ndim)
-                 if mask.shape[d] > 1 and not np.all(mask == np.take(mask, [0], axis=d)))
-    small = mask[tuple(slice(None) if d in dims else 0 for d in range(mask.ndim))]
-    return np.array(small), dims  # (ascontiguousarray would make a 0-d mask 1-d)
+_is_extended = U.is_extended
+_reduced_mask = U.reduced_mask
+_tagged = U.tagged
+_clamped_starts = U.clamped_starts
 
 
 def _program(operand_shape, smap, ctx, concat_pieces: int = 0, concat_ok: bool = True):
@@ -257,172 +237,28 @@ def _dynamic_slice(eqn, ctx, statics):
     return em.replacement([y])
 
 
-# scatter primitive -> (combine(old, new) or None for set, exact with duplicates for which dtypes)
-def _combine_add(a, b):
-    return lax.add(a, b)
+def _update(eqn, ctx, statics):
+    """Static scatter / dynamic_update_slice -> select against the constant hit mask, where the
+    target's cost row takes that form (`backend.cost.update_form`); else kept, with the reason.
 
-
-def _combine_mul(a, b):
-    return lax.mul(a, b)
-
-
-def _additive_identity(dtype):
-    kind = np.dtype(dtype).kind
-    if kind == "f" or dtype == np.dtype("bfloat16") or kind == "V":
-        return -0.0
-    if kind == "c":
-        return complex(-0.0, -0.0)
-    return 0
-
-
-_INT = lambda dt: np.dtype(dt).kind in "iub"  # noqa: E731
-_ANY = lambda dt: True  # noqa: E731
-
-# scatter primitive -> (combine(old, new), None for set; exact with duplicate targets for which
-# dtypes; rewritten for which dtypes). Floating min/max are kept: JAX's scatter-min/max gradient
-# rule (ties, clipped indices) is not lax.min's; floating mul too: the exact form would use the
-# operand twice (gradient summed in another order) or multiply by 1 (quiets signaling NaNs).
-SCATTERS = {
-    "scatter": (None, lambda dt: False, _ANY),
-    # Floating add is kept as a scatter: fuzzing found `scatter-add(x, i, v) + x` differing by an
-    # ulp from `x + select(hit, v, -0.0) + x` once compiled by XLA:CPU (tests/test_regressions).
-    "scatter-add": (_combine_add, _INT, _INT),
-    "scatter_add": (_combine_add, _INT, _INT),
-    "scatter-mul": (_combine_mul, _INT, _INT),
-    "scatter_mul": (_combine_mul, _INT, _INT),
-    "scatter-min": (lax.min, _ANY, _INT),
-    "scatter_min": (lax.min, _ANY, _INT),
-    "scatter-max": (lax.max, _ANY, _INT),
-    "scatter_max": (lax.max, _ANY, _INT),
-}
-
-
-def _scatter(eqn, ctx, statics):
-    """Static scatter -> select against the constant hit mask (one layer per duplicate depth)."""
-    x, idx_atom, upd = eqn.invars
-    idx = statics.value(idx_atom)
-    if idx is None:
-        return None
-    combine, dup_ok, dtype_ok = SCATTERS[eqn.primitive.name]
-    p = eqn.params
-    if eqn.primitive.name == "scatter" and p.get("update_jaxpr") is not None:
-        raise Decline("scatter with a custom update computation")
-    xa, ua = C.aval_of(x), C.aval_of(upd)
-    if _is_extended(xa.dtype):
-        raise Decline("scatter into an extended dtype")
-    if not dtype_ok(xa.dtype):
-        raise Decline(f"{eqn.primitive.name} of {xa.dtype}: JAX's gradient rule differs from the "
-                      "elementwise form's")
-    limit = ctx.options.fold_limit
-    if _size(xa) > limit or _size(ua) > limit:
-        raise Decline(f"operand or updates above fold_limit={limit} elements")
-    dn = p["dimension_numbers"]
-    # the map of one window: leading dims every update window covers whole pass through
-    lead, xs, us = IM.scatter_window_core(xa.shape, ua.shape, dn, WIDE_DIM)
-    target = memo(getattr(ctx, "cache", None), "gathers.scatter_map",
-                  (xs, us, array_key(idx), dn, p["mode"]),
-                  lambda: IM.scatter_map(xs, us, idx, dn, p["mode"]))
-    return _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok, lead)
-
-
-def _emit_scatter(eqn, ctx, x, upd, target, combine, dup_ok, lead: int = 0):
-    """operand-shaped layers of unique targets, each `select(hit, combine(y, moved(upd)), y)`.
-
-    `target` is the scatter's map (updates-shaped, flat operand indices); with `lead` > 0 (see
-    `IM.scatter_window_core`) it is the map of one window, the `lead` leading dims of operand
-    and updates (identity-mapped) shrunk to 1, and the layers are applied under `vmap`:
-
-        before:  y = scatter x [3 1] v            (x: (65536, 4, 4), v: (65536, 3))
-        after:   y = vmap(select(hit, moved(v), x) on one (4, 4) window) x v
+    XLA updates a buffer in place: the update costs the elements it writes. The select form reads
+    and writes the whole operand; it pays where it fuses away a kernel (the GPU) or where
+    scalarize splits the updated axis (then it is renaming: `passes/scalarize.py` takes it there
+    itself, so it is not made here for that).
     """
-    xa, ua = C.aval_of(x), C.aval_of(upd)
-    xs, us = tuple(xa.shape[lead:]), tuple(ua.shape[lead:])  # core shapes
-    n_x = int(np.prod(xs, dtype=np.int64))
-    flat_t = target.reshape(-1)
-    src = np.flatnonzero(flat_t >= 0)
-    layers = []  # per layer: operand-shaped map into the flat updates (-1: not hit)
-    if src.size:
-        hit = flat_t[src]
-        depth = int(np.bincount(hit, minlength=n_x).max())
-        if depth > 1 and not dup_ok(xa.dtype):
-            raise Decline("duplicate static scatter indices: the result depends on their order")
-        # Layer k takes each target's k-th update in update order (a stable sort by target).
-        order = np.argsort(hit, kind="stable")
-        t_sorted = hit[order]
-        rank = np.arange(t_sorted.size) - np.searchsorted(t_sorted, t_sorted, side="left")
-        maps = np.full((depth, n_x), IM.FILL, np.int64)
-        maps[rank, t_sorted] = src[order]
-        layers = [m.reshape(xs) for m in maps]
+    if any(statics.value(a) is None for a in U.index_atoms(eqn)):
+        return None  # dynamic indices: nothing to do (not a decline)
+    operand, updated = U.sizes(eqn)
+    why = _cost.update_form_decision(ctx.target, operand, updated, ctx.options.gathers == "all")
+    if why is not None:
+        raise Decline(why)
+    u = U.static_update(eqn, statics.value, ctx.options.fold_limit, getattr(ctx, "cache", None))
     concat = _cost.costs(ctx.target).scatter_concat_pieces  # the target's default (GPU: some)
-    concat_ok = not lead or _size(xa) <= IM.SPLIT_MAX_ELEMENTS  # as the full map's search
-    progs = [(_program(us, m, ctx, concat, concat_ok), m >= 0) for m in layers]
-    em = _walk.Emitter(eqn)
-
-    def build(xv, uv):
-        y = xv
-        for prog, hitmask in progs:
-            moved = IM.apply_program(uv, prog, LAX_OPS)
-            small, dims = _reduced_mask(hitmask)
-            hit_b = lax.broadcast_in_dim(small, y.shape, dims)
-            if combine is _combine_add:
-                # y + select(hit, moved, -0.0): adding -0.0 is the exact identity (signed zeros
-                # and NaNs kept), and `y` is used once, so its cotangents are summed as JAX sums
-                # the scatter-add's (reusing `y` in a select reorders that sum by an ulp).
-                y = lax.add(y, lax.select(hit_b, moved, lax.full_like(moved, _additive_identity(
-                    moved.dtype))))
-            else:
-                new = moved if combine is None else combine(y, moved)
-                y = lax.select(hit_b, new, y)
-        return y
-
-    for _ in range(lead):  # the core's layers mapped over the leading dims
-        build = jax.vmap(build)
-    y, = em.call(build, x, upd)
-    _check_aval(eqn.outvars[0], y)
-    ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
-    return em.replacement([y])
-
-
-def _clamped_starts(vals, shape, sizes):
-    """XLA's dynamic-slice start clamping to [0, dim - size]."""
-    lo = []
-    for v, n, k in zip(vals, shape, sizes):
-        dt = np.asarray(v).dtype
-        v = int(np.asarray(v).item())
-        bound = n - k
-        if (v < 0 or v > bound) and bound > np.iinfo(dt).max:
-            raise Decline("clamp bound not representable in the start index dtype")
-        lo.append(min(max(v, 0), bound))
-    return lo
-
-
-def _dynamic_update_slice(eqn, ctx, statics):
-    """dynamic_update_slice x u s0 s1 ... (literal starts) -> select(window, moved(u), x).
-
-    Without concatenate/pad a window can be placed only where broadcasting reaches it, so most
-    of these need `gathers="all"`; XLA updates in place, so the default keeps the rest.
-    """
-    x, upd, *starts = eqn.invars
-    vals = [statics.value(s) for s in starts]
-    if any(v is None for v in vals):
-        return None
-    xa, ua = C.aval_of(x), C.aval_of(upd)
-    if _is_extended(xa.dtype):
-        raise Decline("dynamic_update_slice of an extended dtype")
-    if _size(xa) > ctx.options.fold_limit:
-        raise Decline(f"operand above fold_limit={ctx.options.fold_limit} elements")
-    lo = _clamped_starts(vals, xa.shape, ua.shape)
-    # leading dims the update covers whole (start 0) pass through, as a scatter's
-    lead = 0
-    while lead < len(lo) and ua.shape[lead] == xa.shape[lead] < 2 ** 31:
-        lead += 1
-    if int(np.prod(xa.shape[:lead], dtype=np.int64)) <= WIDE_DIM:
-        lead = 0
-    xs = (1,) * lead + tuple(xa.shape[lead:])
-    window = tuple(slice(a, a + (1 if d < lead else k))
-                   for d, (a, k) in enumerate(zip(lo, ua.shape)))
-    target = _tagged(xs)[window]
-    return _emit_scatter(eqn, ctx, x, upd, target, None, lambda dt: False, lead)
+    concat_ok = not u.lead or operand <= IM.SPLIT_MAX_ELEMENTS  # as the full map's
+    rep = U.emit_select(eqn, u, lambda shape, m: _program(shape, m, ctx, concat, concat_ok),
+                        LAX_OPS)
+    ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in rep.eqns])
+    return rep
 
 
 # --- mask permutations --------------------------------------------------------------------------
@@ -435,10 +271,6 @@ def _one_hot_source(mask: np.ndarray, axis: int):
     if np.any(ones > 1):
         return None
     return np.where(ones == 1, np.argmax(mask != 0, axis=axis), -1)
-
-
-def _tagged(shape):
-    return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
 
 
 def _emit_permutation(eqn, ctx, x, smap):
@@ -539,8 +371,7 @@ RULES = {
     "dot_general": _dot_general,
     "reduce_sum": _reduce_sum,
     "dynamic_slice": _dynamic_slice,
-    "dynamic_update_slice": _dynamic_update_slice,
-    **{name: _scatter for name in SCATTERS},
+    **{name: _update for name in U.UPDATES},
 }
 
 

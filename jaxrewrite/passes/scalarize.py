@@ -56,12 +56,13 @@ from ..backend import autotune as _autotune
 from ..backend import cost as _cost
 from ..analysis import exact as _exact
 from .. import _walk
-from ..analysis.indexmap import gather_source_coords, window_core
+from ..analysis.indexmap import decompose, gather_source_coords, window_core
 from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest_positions,
                                rest_shape, shape_of)
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
 from ..report.records import Decline
+from . import _updates
 
 PASS = "scalarize"
 
@@ -164,16 +165,22 @@ def elementwise_links(eqn, node) -> Links | None:
 
 
 def elementwise_emit(b: Builder, eqn, info):
-    """add(x, y) → add(x_i, y_i) for each piece i (rank-0 operands shared)."""
+    """add(x, y) → add(x_i, y_i) for each piece i (rank-0 operands shared); a select whose
+    predicate piece is one constant is that case's piece (a static update's select form along a
+    split axis: renaming)."""
     out = eqn.outvars[0]
     axes = b.chosen.get(out, ())
     shape = shape_of(out)
     ins = [b.get_parts(a, axes) if shape_of(a) == shape and shape != () else None
            for a in eqn.invars]
-    P = each_piece([shape[d] for d in axes], lambda idx: b.bind1(
-        eqn.primitive, [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)],
-        **eqn.params))
-    return [(axes, P)]
+    select = eqn.primitive.name == "select_n"
+
+    def piece(idx):
+        atoms = [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)]
+        if select and (case := b.uniform(atoms[0])) is not None:
+            return atoms[1 + int(case)]
+        return b.bind1(eqn.primitive, atoms, **eqn.params)
+    return [(axes, each_piece([shape[d] for d in axes], piece))]
 
 
 def slice_links(eqn, node):
@@ -692,7 +699,10 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
 # --- calls ---------------------------------------------------------------------------------------
 
 def _has_static_gather(cj) -> bool:
-    return any(e.primitive.name == "gather" and C.is_literal(e.invars[1]) for e in cj.jaxpr.eqns)
+    """A static gather, or a static move that scalarize makes renaming (`jnp.roll`'s slices and
+    concatenate, in its `_roll_static` call)."""
+    return any((e.primitive.name == "gather" and C.is_literal(e.invars[1]))
+               or e.primitive.name in ("concatenate", "rev") for e in cj.jaxpr.eqns)
 
 
 def _plain_call(eqn) -> bool:
@@ -829,7 +839,66 @@ def _fused_code(jaxpr, an, target, costs, built):
     return built, model
 
 
+def _update_program(cache):
+    def program(shape, smap):
+        return memo(cache, "scalarize.update_program", (tuple(shape), array_key(smap)),
+                    lambda: decompose(shape, smap))
+    return program
+
+
+def expand_updates(jaxpr, ctx):
+    """The level with its static updates in their select form (`passes/_updates.py`), or None
+    where it has none worth it. On targets that keep updates in place (the CPU), the select is
+    taken only here: split along the updated axis it is renaming; where the level is not split,
+    the update stays as it was.
+
+        before:  k:u32[N,8] = scatter[...] b 7 i            (b: a register shifted by a roll)
+        after:   k = select_n(broadcast(hit), b, broadcast(i))   → pieces: k_7 = i, k_j = b_j
+    """
+    costs = _cost.costs(ctx.target)
+    if costs.update_form == "select" or not any(e.primitive.name in _updates.UPDATES
+                                                 for e in jaxpr.eqns):
+        return None   # (there the gathers pass already made the select form)
+    cache = getattr(ctx, "cache", None)
+    program = _update_program(cache)
+    small = max(costs.max_axis, costs.cost_axis)
+
+    def value_of(atom):
+        return (np.asarray(C.literal_value(atom), dtype=C.aval_of(atom).dtype)
+                if C.is_literal(atom) else None)
+
+    def rule(eqn):
+        if eqn.primitive.name not in _updates.UPDATES or eqn.effects:
+            return None
+        try:
+            u = _updates.static_update(eqn, value_of, ctx.options.fold_limit, cache)
+            if u is None:
+                return None
+            hit = _updates.hit_mask(u)
+            _, dims = _updates.reduced_mask(hit)
+            if not dims or any(hit.shape[d] > small for d in dims):
+                return None   # no small axis it varies along: no split would take it
+            return _updates.emit_select(eqn, u, program)
+        except Decline as d:
+            ctx.report.declined(PASS, eqn, f"static update not taken into pieces: {d}")
+            return None
+
+    j, changed = _walk.rewrite_eqns(jaxpr, rule)
+    return j if changed else None
+
+
 def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
+    """One level: (new jaxpr, changed); its static updates are taken in their select form where
+    that form is split (`expand_updates`), else kept."""
+    expanded = expand_updates(jaxpr, ctx)
+    if expanded is not None:
+        new, changed = _scalarize_level(expanded, ctx, mode, consts)
+        if changed:
+            return new, True
+    return _scalarize_level(jaxpr, ctx, mode, consts)
+
+
+def _scalarize_level(jaxpr, ctx, mode, consts=()) -> tuple:
     """One level: (new jaxpr, changed). With `autotune`, the cost model's soft verdicts (piece
     size, re-joins vs permutations) are checked by compiling both forms (`backend.autotune.choose`);
     its hard limits (`backend.cost.scalarize_limit`) always stand."""

@@ -1,0 +1,139 @@
+"""Static-index updates answer to the cost model: never a select where XLA updates in place.
+
+On the CPU a static `.at[i].set(v)` / `dynamic_update_slice` stays the update it is (XLA writes the
+buffer in place) unless scalarize splits the updated axis, where its select form is renaming; on
+the GPU row the select form fuses (passes/_updates.py, backend/cost.py `update_form`).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxrewrite
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+UPDATES = {"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
+           "scatter-min", "scatter-max", "dynamic_update_slice"}
+
+
+def _rewrite(fn, *args, **opts):
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **opts)
+
+
+def _updates(cj) -> int:
+    return sum(n for p, n in primitive_counts(cj).items() if p in UPDATES)
+
+
+def _face(c):                       # a cube-environment face turn, as users write it
+    return c.at[2].set(jnp.rot90(c[2], k=-1))
+
+
+def _shift(L):                      # a register shift from a cipher / PRNG specification
+    return jnp.roll(L, -1).at[2].set(L[0] ^ (L[3] >> 1))
+
+
+def _shift_loop(L):
+    return lax.fori_loop(0, 8, lambda i, L: _shift(L), L)
+
+
+def _several(x):                    # several updates in a row, on several axes
+    x = x.at[:, 3].set(x[:, 0] * 2)
+    x = x.at[1, 2].add(7)
+    x = x.at[0].multiply(3)
+    return lax.dynamic_update_slice(x, x[:2, :2] + 1, (2, 1))
+
+
+_helper = jax.jit(_several)
+
+CASES = {
+    # name: (fn, make(batch) -> args)
+    "face turn, vmap": (jax.vmap(_face),
+                        lambda n: (np.random.default_rng(0).integers(0, 6, (n, 6, 3, 3),
+                                                                     dtype=np.int8),)),
+    "register shift, vmap": (jax.vmap(_shift),
+                             lambda n: (np.arange(n * 5, dtype=np.uint32).reshape(n, 5),)),
+    "register shift, fori_loop, vmap": (jax.vmap(_shift_loop),
+                                        lambda n: (np.arange(n * 5, dtype=np.uint32)
+                                                   .reshape(n, 5),)),
+    "register shift, leading batch axis": (
+        lambda L: L.at[:, 2].set(L[:, 0] ^ (L[:, 3] >> 1)),
+        lambda n: (np.arange(n * 5, dtype=np.uint32).reshape(n, 5),)),
+    "several updates, vmap": (jax.vmap(_several),
+                              lambda n: (np.arange(n * 16, dtype=np.int32).reshape(n, 4, 4),)),
+    "several updates, jitted helper": (jax.vmap(lambda x: _helper(x) + 1),
+                                       lambda n: (np.arange(n * 16, dtype=np.int32)
+                                                  .reshape(n, 4, 4),)),
+    "float set, leading batch axis": (lambda x: x.at[..., 1].set(-0.0).at[..., 2].add(x[..., 0]),
+                                      lambda n: (np.linspace(-1, 1, n * 4, dtype=np.float32)
+                                                 .reshape(n, 4),)),
+}
+
+
+@pytest.mark.parametrize("batch", [1, 4096, 65536])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cpu_keeps_static_updates_in_place(name, batch):
+    """Where nothing splits the updated axis, the CPU program keeps every update, and each
+    static one left is a recorded decline that gives the estimate."""
+    fn, make = CASES[name]
+    args = make(batch)
+    before = _updates(jax.make_jaxpr(fn)(*args))
+    res = _rewrite(fn, *args, target="cpu")
+    assert _updates(res.jaxpr) == before > 0
+    kept = [d for d in res.report.declines if "in-place update" in (d.reason or "")]
+    assert kept and all("element(s)" in d.reason for d in kept)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_updates_kept_are_exact(name):
+    fn, make = CASES[name]
+    assert_equivalent(fn, *make(96), bitwise=True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gpu_row_takes_the_select_form(name):
+    """On the GPU row a static update becomes a select, which fuses (tests/test_kernels_gpu.py
+    counts the kernels), or renaming where scalarize then splits it; the same bits."""
+    fn, make = CASES[name]
+    args = make(96)
+    cj = assert_equivalent(fn, *args, bitwise=True, target="gpu")
+    assert _updates(cj) < _updates(jax.make_jaxpr(fn)(*args))
+    res = _rewrite(fn, *args, target="gpu")
+    assert (primitive_counts(res.jaxpr).get("select_n", 0) >= 1
+            or any(e.pass_name == "scalarize" for e in res.report.rewrites))
+
+
+def _lfsr(L):
+    for _ in range(16):
+        t = L[0] ^ (L[3] >> 1) ^ (L[5] << 3)
+        L = jnp.roll(L, -1).at[7].set(t)
+    return L
+
+
+def test_a_split_register_shift_takes_the_update_as_renaming():
+    """roll + `.at[7].set` over 8 words, 16 steps, 65,536 registers: scalarize splits the words,
+    and the update's select form along them is renaming (no update, no select, no concatenate)."""
+    fn = jax.vmap(_lfsr)
+    L = np.random.default_rng(1).integers(0, 2 ** 32, (65536, 8), dtype=np.uint32)
+    res = _rewrite(fn, L, target="cpu")
+    counts = primitive_counts(res.jaxpr)
+    assert _updates(res.jaxpr) == 0
+    assert counts.get("select_n", 0) == 0 and counts.get("concatenate", 0) == 0
+    assert any(e.pass_name == "scalarize" for e in res.report.rewrites)
+    assert_equivalent(fn, L[:4096], bitwise=True, vmap=False, grad=False)
+
+
+def test_split_declined_keeps_the_update():
+    """Batch 1: pieces of one element are below the CPU's minimum piece, so nothing splits and
+    the updates stay as they were (not left as selects)."""
+    fn = _lfsr
+    L = np.arange(8, dtype=np.uint32)
+    res = _rewrite(fn, L, target="cpu")
+    assert _updates(res.jaxpr) == _updates(jax.make_jaxpr(fn)(L)) == 16
+    assert primitive_counts(res.jaxpr).get("select_n", 0) == 0
+
+
+def test_explain_shows_the_decision():
+    fn, make = CASES["face turn, vmap"]
+    text = str(jaxrewrite.explain(fn)(*make(4096)))
+    assert "in-place update" in text
