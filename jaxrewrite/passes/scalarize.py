@@ -890,12 +890,11 @@ def expand_updates(jaxpr, ctx):
 def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     """One level: (new jaxpr, changed); its static updates are taken in their select form where
     that form is split (`expand_updates`), else kept."""
+    # (the expanded form is what this pass saw when the gathers pass made every static update
+    # a select: one attempt on it, and the original back where it declines)
     expanded = expand_updates(jaxpr, ctx)
-    if expanded is not None:
-        new, changed = _scalarize_level(expanded, ctx, mode, consts)
-        if changed:
-            return new, True
-    return _scalarize_level(jaxpr, ctx, mode, consts)
+    new, changed = _scalarize_level(jaxpr if expanded is None else expanded, ctx, mode, consts)
+    return (new, True) if changed else (jaxpr, False)
 
 
 def _scalarize_level(jaxpr, ctx, mode, consts=()) -> tuple:
