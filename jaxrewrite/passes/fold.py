@@ -27,13 +27,15 @@ Rules (each a row below):
   constant that is all k -> `a_k`.
 * `specialise`: a call whose argument is a literal gets a copy of its body with the literal
   substituted; a splat kept as an equation is rebuilt in the body as a `broadcast_in_dim` of its
-  one element (`jnp.take`'s all-false `idx < 0` mask of 65+ elements reaches `_where`'s select). `jit`, `closed_call` and `checkpoint` drop the argument (jit's per-argument params
+  one element (`jnp.take`'s all-false `idx < 0` mask of 65+ elements reaches `_where`'s
+  select). `jit`, `closed_call` and `checkpoint` drop the argument (jit's per-argument params
   kept in step) and hoist body outputs that became literals to the call site; `scan` (consts),
   `while` (cond/body consts), `cond` (operands), `custom_jvp_call`/`custom_vjp_call` and
   `shard_map` (replicated arguments, whose shape the body sees unchanged) keep their signature
   (the argument goes unused). A dropping call's output that is a static argument passed
-  through is that argument (as a literal output is hoisted). Each specialisation consumes a literal use, so repeated
-  rounds converge, also against dedup (which only merges identical bodies).
+  through is that argument (as a literal output is hoisted). Each specialisation consumes a
+  literal use, so repeated rounds converge, also against dedup (which only merges identical
+  bodies).
 """
 from __future__ import annotations
 
