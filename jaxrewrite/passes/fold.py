@@ -293,7 +293,7 @@ class _Folder:
                             continue  # a sharded argument: the body sees a shard of it
                         sub = C.literal(C.literal_value(a), bv.aval)
                     else:
-                        sub = _splat_in_body(static.get(a), bv.aval)
+                        sub = _static_in_body(static.get(a), bj, bv, self.limit)
                         if sub is None:
                             continue
                     if not drop and used is None:
@@ -373,6 +373,39 @@ def _passed_through(eqn, params, body, args, static) -> list:
             a = None
         out.append(a)
     return out
+
+
+def _static_in_body(value, body, bv, limit):
+    """What a static argument kept as an equation (a splat, an iota) becomes in a call's body:
+    a splat is rebuilt there (`_splat_in_body`); another value becomes a literal where the body
+    reads an index from it (`jnp.take(v, jnp.arange(n)[::-1])`'s index reaches `_take`), else
+    it stays an argument (no large literal in a body that does not need it)."""
+    if value is None:
+        return None
+    sub = _splat_in_body(value, bv.aval)
+    if sub is None and value.size <= limit and tuple(value.shape) == tuple(bv.aval.shape) \
+            and not C.is_varying(bv.aval) and _feeds_index(body, bv):
+        sub = C.literal(value, bv.aval)
+    return sub
+
+
+def _feeds_index(body, var) -> bool:
+    """Whether `var` reaches an index operand in `body` (through nested calls: if their bodies
+    index anything at all)."""
+    reached = {var}
+    for e in body.eqns:
+        if not any(not C.is_literal(a) and a in reached for a in e.invars):
+            continue
+        pos = INDEX_OPERANDS.get(e.primitive.name)
+        if pos is not None and any(not C.is_literal(e.invars[i]) and e.invars[i] in reached
+                                   for i in pos(len(e.invars))):
+            return True
+        if _walk.has_subjaxprs(e) and any(
+                x.primitive.name in INDEX_OPERANDS
+                for _, _, sub in C.params_jaxprs(e.params) for x in _walk.iter_eqns(sub)):
+            return True
+        reached.update(e.outvars)
+    return False
 
 
 def _splat_in_body(value, aval):
