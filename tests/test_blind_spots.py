@@ -50,6 +50,14 @@ def test_take_with_many_static_indices_becomes_data_movement(n, a):
     assert primitive_counts(cj).get("gather", 0) == 0
 
 
+def test_take_with_many_static_indices_in_a_loop_body():
+    idx = _transposed(200, 8)
+    f = lambda v: lax.fori_loop(0, 5, lambda i, v: jnp.take(v, idx) * 2.0, v)  # noqa: E731
+    cj = assert_equivalent(f, jnp.arange(200, dtype=jnp.float32), bitwise=True)
+    counts = primitive_counts(cj)
+    assert counts.get("gather", 0) == 0 and counts.get("transpose", 0) == 1, counts
+
+
 @pytest.mark.parametrize("n", [65, 4096])
 def test_take_of_a_traced_arange_is_seen(n):
     # the index is an iota folding keeps as an equation; it reaches `_take`'s gather as a literal

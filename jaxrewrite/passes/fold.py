@@ -120,6 +120,9 @@ SPECIALISE: dict[str, tuple[tuple[str, ...], Callable, bool]] = {
 }
 
 
+LOOPS = frozenset({"scan", "while"})
+
+
 def substitute_invars(jaxpr, subs: dict, drop: bool, prelude=()):
     """`jaxpr` with body invars in `subs` (index -> literal, or a var that an equation of
     `prelude`, put first, defines) replaced; dropped when `drop`."""
@@ -292,6 +295,8 @@ class _Folder:
                         if np.shape(C.literal_value(a)) != tuple(bv.aval.shape):
                             continue  # a sharded argument: the body sees a shard of it
                         sub = C.literal(C.literal_value(a), bv.aval)
+                    elif eqn.primitive.name in LOOPS:
+                        continue  # a splat rebuilt in a loop body would be rebuilt every trip
                     else:
                         sub = _static_in_body(static.get(a), bj, bv, self.limit)
                         if sub is None:
