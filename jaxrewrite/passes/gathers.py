@@ -19,7 +19,13 @@ Preconditions and declines (recorded with a reason, the original kept):
 * a map that needs `concatenate` (a roll, a per-row rotation): only with `gathers="all"`, and
   then at most `PIECE_BUDGET` pieces. The default never adds a concatenate or pad: XLA GPU
   counts them against a per-fusion budget (measured worse than the gather);
-* operands or outputs above `fold_limit` elements (no index map is materialized);
+* a map of one window above `fold_limit` elements (no index map is materialized): operand
+  and output sizes are counted without the batch dims that pass through, so a vmapped gather
+  over 65,536 rows maps one row. Index tables above `fold_limit` (fold leaves them as
+  equations) are assembled in numpy here (`ASSEMBLY`, up to `ASSEMBLY_FACTOR` times the limit)
+  for analysis only, never emitted;
+* an index computed from constants that is still not static here (a floating-point step, a
+  table above the assembly limit, `fold=False`): recorded, so no static gather is left silent;
 * fills for extended dtypes (PRNG keys); a scatter whose result depends on the order of
   duplicate indices (set, floating add/mul); integer add, min and max with duplicates are kept
   exact by applying one layer of unique targets after another.
