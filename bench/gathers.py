@@ -6,7 +6,8 @@
 Programs: the seed's 7-iteration program (interdependent column function; diagonals into columns
 by `lax.gather`, `jnp.take`, ravel-index-reshape, or no permutation), and real static
 permutations on a batch: diagonals to columns, FFT bit reversal, pixel shuffle (depth to space),
-a roll, a transpose written as fancy indexing, a per-row rotation, and a static scatter.
+a roll, a transpose written as fancy indexing, a per-row rotation, a static scatter, and a
+bitonic sorting network over 65,536 rows of 32 keys (above `fold_limit`).
 
 Per program and variant: equations and gathers left in the traced program, CPU fusions, CPU run
 time (paired medians, one process) and compile time (paired, caches cleared), as ratios to
@@ -58,6 +59,23 @@ def _bitrev(n):
     return np.array([int(f"{i:0{bits}b}"[::-1], 2) for i in range(n)])
 
 
+def _bitonic(x):
+    """A bitonic sorting network over the last axis: per stage, `x[:, partner]` (a static
+    permutation), then min/max and a select by a constant mask."""
+    n = x.shape[-1]
+    i = np.arange(n)
+    k = 2
+    while k <= n:
+        j = k // 2
+        while j >= 1:
+            partner = i ^ j
+            y = x[:, partner]
+            x = jnp.where((i < partner) == ((i & k) == 0), jnp.minimum(x, y), jnp.maximum(x, y))
+            j //= 2
+        k *= 2
+    return x
+
+
 def permutations(quick: bool):
     b = 256 if quick else 4096
     rng = np.random.default_rng(0)
@@ -81,6 +99,9 @@ def permutations(quick: bool):
          f32(b // 4, n, n)),
         ("reverse + stride", lambda x: x[:, ::-1][:, np.arange(0, n, 2)] * 2.0, f32(b, n)),
         ("static scatter", lambda x: x.at[:, np.array([1, 5, 9])].set(0.0), f32(b, n)),
+        # 2^21 keys: above fold_limit, the rows pass through (issue 23: was declined, 1.0x)
+        (f"bitonic sort {1024 if quick else 65536} x 32", _bitonic, jnp.asarray(
+            rng.integers(-1000, 1000, (1024 if quick else 65536, 32)), jnp.int32)),
     ]
 
 

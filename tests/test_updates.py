@@ -137,3 +137,15 @@ def test_explain_shows_the_decision():
     fn, make = CASES["face turn, vmap"]
     text = str(jaxrewrite.explain(fn)(*make(4096)))
     assert "in-place update" in text
+
+
+def test_an_update_whose_index_was_not_folded_says_why():
+    """No static update is left in silence: with fold=False its index, computed from constants,
+    never becomes a literal, and the decline says so."""
+    def f(x):
+        return x.at[jnp.arange(2) * 2].set(7)
+
+    x = np.arange(8, dtype=np.int32)
+    res = _rewrite(f, x, fold=False, target="gpu")
+    assert _updates(res.jaxpr) == 1
+    assert any(d.pass_name == "gathers" and "fold=False" in d.reason for d in res.report.declines)

@@ -21,13 +21,21 @@ Rules (each a row below):
   do large results computed from them, but their values still feed later folds (and index
   operands of gathers, scatters and dynamic slices are always materialized).
   Floating-point arithmetic is never folded.
+* `forward` (table `FORWARD`): an equation whose result is one of its operands is that operand,
+  for every dtype (nothing is computed): `select_n p a a -> a` (a vmapped `switch` routes each
+  branch constant through `select_n(p, stop_gradient(c), c)`), `select_n p a0 a1` with `p` a
+  constant that is all k -> `a_k`.
 * `specialise`: a call whose argument is a literal gets a copy of its body with the literal
-  substituted. `jit`, `closed_call` and `checkpoint` drop the argument (jit's per-argument params
+  substituted; a splat kept as an equation is rebuilt in the body as a `broadcast_in_dim` of its
+  one element (`jnp.take`'s all-false `idx < 0` mask of 65+ elements reaches `_where`'s
+  select). `jit`, `closed_call` and `checkpoint` drop the argument (jit's per-argument params
   kept in step) and hoist body outputs that became literals to the call site; `scan` (consts),
   `while` (cond/body consts), `cond` (operands), `custom_jvp_call`/`custom_vjp_call` and
   `shard_map` (replicated arguments, whose shape the body sees unchanged) keep their signature
-  (the argument goes unused). Each specialisation consumes a literal use, so repeated
-  rounds converge, also against dedup (which only merges identical bodies).
+  (the argument goes unused). A dropping call's output that is a static argument passed
+  through is that argument (as a literal output is hoisted). Each specialisation consumes a
+  literal use, so repeated rounds converge, also against dedup (which only merges identical
+  bodies).
 """
 from __future__ import annotations
 
@@ -112,10 +120,14 @@ SPECIALISE: dict[str, tuple[tuple[str, ...], Callable, bool]] = {
 }
 
 
-def substitute_invars(jaxpr, subs: dict, drop: bool):
-    """`jaxpr` with body invars in `subs` (index -> literal) replaced; dropped when `drop`."""
+LOOPS = frozenset({"scan", "while"})
+
+
+def substitute_invars(jaxpr, subs: dict, drop: bool, prelude=()):
+    """`jaxpr` with body invars in `subs` (index -> literal, or a var that an equation of
+    `prelude`, put first, defines) replaced; dropped when `drop`."""
     env = {jaxpr.invars[i]: lit for i, lit in subs.items()}
-    eqns = []
+    eqns = list(prelude)
     for e in jaxpr.eqns:
         new_in = [env.get(a, a) if not C.is_literal(a) else a for a in e.invars]
         eqns.append(e.replace(invars=new_in) if any(a is not b for a, b in zip(new_in, e.invars))
@@ -180,9 +192,20 @@ class _Folder:
                     for old, new in zip(eqn.outvars, outs):
                         if new is not old and not C.is_dropvar(old):
                             env[old] = new
+                            if not C.is_literal(new) and new in static:  # `_passed_through`
+                                static[old] = static[new]
                     changed = True
                 else:
                     eqns.append(eqn)
+                continue
+            fwd = _forward(eqn, static)
+            if fwd is not None:
+                for old, new in zip(eqn.outvars, fwd):
+                    env[old] = new
+                    if not C.is_literal(new) and new in static:
+                        static[old] = static[new]
+                changed = True
+                self.report.count("fold.forwarded")
                 continue
             vals = self.try_fold(eqn, static)
             if vals is None:
@@ -264,20 +287,30 @@ class _Folder:
                 pos, off = positions(eqn, name)
                 bj = body.jaxpr if isinstance(body, C.ClosedJaxpr) else body
                 used = None  # computed only when an argument is a literal
-                subs = {}
+                subs, prelude = {}, []
                 for p in pos:
                     a = new_in[p]
+                    bv = bj.invars[p - off]
                     if C.is_literal(a):
-                        bv = bj.invars[p - off]
                         if np.shape(C.literal_value(a)) != tuple(bv.aval.shape):
                             continue  # a sharded argument: the body sees a shard of it
-                        if not drop and used is None:
-                            used = _uses(bj)
-                        if drop or bv in used:
-                            subs[p - off] = C.literal(C.literal_value(a), bv.aval)
-                            drop_mask[p] = drop
+                        sub = C.literal(C.literal_value(a), bv.aval)
+                    elif eqn.primitive.name in LOOPS:
+                        continue  # a splat rebuilt in a loop body would be rebuilt every trip
+                    else:
+                        sub = _static_in_body(static.get(a), bj, bv, self.limit)
+                        if sub is None:
+                            continue
+                    if not drop and used is None:
+                        used = _uses(bj)
+                    if drop or bv in used:
+                        if isinstance(sub, tuple):  # (equation, its output)
+                            prelude.append(sub[0])
+                            sub = sub[1]
+                        subs[p - off] = sub
+                        drop_mask[p] = drop
                 if subs and not bj.effects:
-                    nj = substitute_invars(bj, subs, drop)
+                    nj = substitute_invars(bj, subs, drop, prelude)
                     nb = C.closed(nj, body.consts) if isinstance(body, C.ClosedJaxpr) else nj
                     nb, _ = self.jaxpr(nb)
                     any_change = True
@@ -303,7 +336,11 @@ class _Folder:
         if any(drop_mask) and len(bj.invars) != sum(keep_in):
             # A body substituted without dropping (effects): keep the arguments.
             keep_in = [True] * len(eqn.invars)
-        keep_out = [not C.is_literal(a) for a in bj.outvars]
+        # outputs that are static arguments passed through are those arguments, as literal
+        # outputs are those literals: the index of `jnp.take` leaves `_where` either way
+        through = _passed_through(eqn, params, bj, [a for a, k in zip(eqn.invars, keep_in) if k],
+                                  static)
+        keep_out = [not C.is_literal(a) and t is None for a, t in zip(bj.outvars, through)]
         if not any_change and all(keep_out):
             return None
         if not all(keep_out):
@@ -316,15 +353,125 @@ class _Folder:
             params = C.jit_params_for_args(params, keep_in=keep_in, keep_out=keep_out)
         invars = [a for a, k in zip(eqn.invars, keep_in) if k]
         outvars = [v for v, k in zip(eqn.outvars, keep_out) if k]
-        outs = []
-        lits = iter(a for a in bj.outvars if C.is_literal(a))
         kept = iter(outvars)
-        for k in keep_out:
-            outs.append(next(kept) if k else next(lits))
+        outs = [next(kept) if k else (t if t is not None else a)
+                for k, t, a in zip(keep_out, through, bj.outvars)]
         if not outvars and not eqn.effects:
             return [], outs
         new = eqn.replace(invars=invars, outvars=outvars, params=params)
         return [new], outs
+
+
+def _passed_through(eqn, params, body, args, static) -> list:
+    """Per body output: the call argument it is, where that is a static value (a literal or a
+    splat kept as an equation) and the output is placed as the argument is, else None."""
+    pos = {v: i for i, v in enumerate(body.invars)}
+    shardings = params.get("out_shardings") if C.is_jit(eqn) else None
+    out = []
+    for k, o in enumerate(body.outvars):
+        a = None if C.is_literal(o) else args[pos[o]] if o in pos else None
+        if a is not None and not (C.is_literal(a) or a in static):
+            a = None
+        if a is not None and shardings is not None and (
+                shardings[k] is not C.unspecified_sharding()
+                or params["out_layouts"][k] is not None):
+            a = None
+        out.append(a)
+    return out
+
+
+def _static_in_body(value, body, bv, limit):
+    """What a static argument kept as an equation (a splat, an iota) becomes in a call's body:
+    a splat is rebuilt there (`_splat_in_body`); another value becomes a literal where the body
+    reads an index from it (`jnp.take(v, jnp.arange(n)[::-1])`'s index reaches `_take`), else
+    it stays an argument (no large literal in a body that does not need it)."""
+    if value is None:
+        return None
+    sub = _splat_in_body(value, bv.aval)
+    if sub is None and value.size <= limit and tuple(value.shape) == tuple(bv.aval.shape) \
+            and not C.is_varying(bv.aval) and _feeds_index(body, bv):
+        sub = C.literal(value, bv.aval)
+    return sub
+
+
+def _feeds_index(body, var) -> bool:
+    """Whether `var` reaches an index operand in `body` (through nested calls: if their bodies
+    index anything at all)."""
+    reached = {var}
+    for e in body.eqns:
+        if not any(not C.is_literal(a) and a in reached for a in e.invars):
+            continue
+        pos = INDEX_OPERANDS.get(e.primitive.name)
+        if pos is not None and any(not C.is_literal(e.invars[i]) and e.invars[i] in reached
+                                   for i in pos(len(e.invars))):
+            return True
+        if _walk.has_subjaxprs(e) and any(
+                x.primitive.name in INDEX_OPERANDS
+                for _, _, sub in C.params_jaxprs(e.params) for x in _walk.iter_eqns(sub)):
+            return True
+        reached.update(e.outvars)
+    return False
+
+
+def _splat_in_body(value, aval):
+    """(equation, var) that rebuild a kept splat `value` inside a body as `broadcast_in_dim` of
+    its one element (no large literal), or None if `value` is not one."""
+    if value is None or value.size == 0 or C.is_varying(aval) \
+            or tuple(value.shape) != tuple(aval.shape):
+        return None
+    flat = value.reshape(-1)
+    if not np.all(flat == flat[0]):
+        return None
+    scalar = C.literal(np.asarray(flat[0], dtype=value.dtype)[()],
+                       aval.update(shape=(), weak_type=False))
+    var = C.new_var(aval)
+    e = C.new_eqn([scalar], [var], C.lax_primitive("broadcast_in_dim"),
+                  dict(shape=tuple(aval.shape), broadcast_dimensions=(), sharding=None))
+    return e, var
+
+
+# --- forwarding: an equation whose result is one of its operands -------------------------------
+#
+# Each row: primitive name -> function of (equation, static values) -> the operands that are its
+# results, or None. Forwarding is exact for every dtype: no value is computed.
+
+def _same_value(a, b, static) -> bool:
+    if a is b:
+        return True
+    va, vb = _atom_value(a, static), _atom_value(b, static)
+    return (va is not None and vb is not None and va.dtype == vb.dtype
+            and va.shape == vb.shape and va.tobytes() == vb.tobytes())
+
+
+def _select_n_forward(eqn, static):
+    """select_n p a a → a (equal arms: batching routes a `switch` branch's constants through
+    `select_n(p, stop_gradient(c), c)`); select_n p a0 a1 ... with p all k → a_k."""
+    pred, *cases = eqn.invars
+    out = eqn.outvars[0].aval
+    if any(C.aval_of(c).shape != out.shape or C.aval_of(c).dtype != out.dtype
+           or getattr(C.aval_of(c), "weak_type", False) != getattr(out, "weak_type", False)
+           for c in cases):
+        return None
+    if all(_same_value(cases[0], c, static) for c in cases[1:]):
+        return [cases[0]]
+    p = _atom_value(pred, static)
+    if p is None or p.size == 0:
+        return None
+    flat = p.reshape(-1)
+    k = int(flat[0])
+    if not np.all(flat == flat[0]) or not 0 <= k < len(cases):
+        return None
+    return [cases[k]]
+
+
+FORWARD: dict[str, Callable] = {
+    "select_n": _select_n_forward,
+}
+
+
+def _forward(eqn, static) -> list | None:
+    rule = FORWARD.get(eqn.primitive.name)
+    return None if rule is None or eqn.effects else rule(eqn, static)
 
 
 def _evaluate(eqn, vals, report=None) -> list | None:

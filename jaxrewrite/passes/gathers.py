@@ -17,7 +17,13 @@ Preconditions and declines (recorded with a reason, the original kept):
 * a map that needs `concatenate` (a roll, a per-row rotation): only with `gathers="all"`, and
   then at most `PIECE_BUDGET` pieces. The default never adds a concatenate or pad: XLA GPU
   counts them against a per-fusion budget (measured worse than the gather);
-* operands or outputs above `fold_limit` elements (no index map is materialized);
+* a map of one window above `fold_limit` elements (no index map is materialized): operand
+  and output sizes are counted without the batch dims that pass through, so a vmapped gather
+  over 65,536 rows maps one row. Index tables above `fold_limit` (fold leaves them as
+  equations) are assembled in numpy here (`ASSEMBLY`, up to `ASSEMBLY_FACTOR` times the limit)
+  for analysis only, never emitted;
+* an index computed from constants that is still not static here (a floating-point step, a
+  table above the assembly limit, `fold=False`): recorded, so no static gather is left silent;
 * a static update on a target that updates in place (the CPU): kept, with the estimate;
 * fills for extended dtypes (PRNG keys); a scatter whose result depends on the order of
   duplicate indices (set, floating add/mul); integer add, min and max with duplicates are kept
@@ -90,16 +96,55 @@ def _moved(x, prog, fill_mask, fill_value):
 
 # --- static values ---------------------------------------------------------------------------------
 
-class _Statics:
-    """Values of atoms known now: literals, splats that folding kept as equations, and `pvary`s
-    of those (inside `shard_map` bodies)."""
+# Primitives whose result is not a function of their operands' values (per-device, stateful).
+NOT_CONSTANT = frozenset({"axis_index", "rng_uniform"})
 
-    def __init__(self):
+
+def _iota(vals, p):
+    shape, dim = tuple(p["shape"]), p["dimension"]
+    r = np.arange(shape[dim], dtype=p["dtype"]).reshape(
+        [shape[dim] if d == dim else 1 for d in range(len(shape))])
+    return np.broadcast_to(r, shape)
+
+
+# How an index table is assembled from smaller constants: primitive -> (numpy function of
+# (values, params), a view that costs no memory?). Evaluated here, never emitted: fold leaves
+# tables above `fold_limit` as equations (`x[np.arange(n)[:, None], P]` over 65,536 rows is a
+# broadcast row iota concatenated with a broadcast P: 4M entries, one row's map of 32).
+ASSEMBLY = {
+    "iota": (_iota, True),
+    "broadcast_in_dim": (lambda v, p: IM.NUMPY_OPS.broadcast_in_dim(
+        v[0], tuple(p["shape"]), tuple(p["broadcast_dimensions"])), True),
+    "concatenate": (lambda v, p: np.concatenate(v, axis=p["dimension"]), False),
+    "reshape": (lambda v, p: np.reshape(v[0], tuple(p["new_sizes"]))
+                if p.get("dimensions") is None else None, False),
+    "squeeze": (lambda v, p: np.squeeze(v[0], tuple(p["dimensions"])), False),
+}
+# Index tables assembled here are at most this many times `fold_limit` (views: any size).
+ASSEMBLY_FACTOR = 16
+
+
+class _Statics:
+    """Values of atoms known now: literals, the level's numpy constants (those above
+    `fold_limit` stay constants, already in memory), index tables assembled from them
+    (`ASSEMBLY`: splats and iotas that folding kept as equations, tables above `fold_limit`),
+    and `pvary`s of those (inside `shard_map` bodies). `from_constants` holds the vars computed
+    from constants alone (no operand of the level, no effects), known or not: a gather indexed
+    by one that has no value here was not made static, and says so (`_unfolded_index`)."""
+
+    def __init__(self, consts: dict | None = None, limit: int = 1 << 20):
         self.producers: dict = {}
+        self.consts = consts or {}
+        self.from_constants: set = set(self.consts)
+        self.limit = ASSEMBLY_FACTOR * limit
+        self.known: dict = {}
 
     def see(self, eqn):
         for v in eqn.outvars:
             self.producers[v] = eqn
+        if not eqn.effects and eqn.primitive.name not in NOT_CONSTANT and all(
+                C.is_literal(a) or a in self.from_constants for a in eqn.invars):
+            self.from_constants.update(eqn.outvars)
 
     def producer(self, atom):
         return None if C.is_literal(atom) else self.producers.get(atom)
@@ -107,23 +152,28 @@ class _Statics:
     def value(self, atom):
         if C.is_literal(atom):
             return np.asarray(C.literal_value(atom), dtype=C.aval_of(atom).dtype)
+        if atom in self.known:
+            return self.known[atom]
         eqn = self.producers.get(atom)
         if eqn is None:
-            return None
+            c = self.consts.get(atom)
+            return None if c is None else np.asarray(c)
         if eqn.primitive.name == "pvary":  # a type change (varying manual axes), same values
             return self.value(eqn.invars[eqn.outvars.index(atom)])
-        if eqn.primitive.name not in ("broadcast_in_dim", "iota"):
+        row = ASSEMBLY.get(eqn.primitive.name)
+        if row is None or atom not in self.from_constants:
             return None
-        p = eqn.params
-        if eqn.primitive.name == "iota":
-            shape, dim = tuple(p["shape"]), p["dimension"]
-            r = np.arange(shape[dim], dtype=p["dtype"]).reshape(
-                [shape[dim] if d == dim else 1 for d in range(len(shape))])
-            return np.broadcast_to(r, shape)
-        if p.get("sharding") is not None or any(not C.is_literal(a) for a in eqn.invars):
-            return None
-        op = self.value(eqn.invars[0])
-        return IM.NUMPY_OPS.broadcast_in_dim(op, tuple(p["shape"]), tuple(p["broadcast_dimensions"]))
+        fn, view = row
+        out = None
+        if eqn.params.get("sharding") is None and (view or _size(atom.aval) <= self.limit):
+            vals = [self.value(a) for a in eqn.invars]
+            if all(v is not None for v in vals):
+                out = fn(vals, eqn.params)
+        if out is not None and (out.shape != tuple(atom.aval.shape)
+                                or out.dtype != atom.aval.dtype):
+            out = None
+        self.known[atom] = out
+        return out
 
 
 # --- rules -------------------------------------------------------------------------------------
@@ -134,9 +184,6 @@ def _gather(eqn, ctx, statics):
     if idx is None:
         return None  # dynamic indices: nothing to do (not a decline)
     xa, out = C.aval_of(x), eqn.outvars[0].aval
-    limit = ctx.options.fold_limit
-    if _size(xa) > limit or _size(out) > limit:
-        raise Decline(f"operand or output above fold_limit={limit} elements")
     p = eqn.params
     dn = p["dimension_numbers"]
     # the map without a batch read row for row, nor the dims every window takes whole (those
@@ -144,6 +191,13 @@ def _gather(eqn, ctx, statics):
     rows, xs, idx = IM.gather_batch_core(xa.shape, idx, dn, p["slice_sizes"], WIDE_DIM)
     wide, xs, ss = IM.window_core(xs, dn, p["slice_sizes"], WIDE_DIM)
     wide = {**rows, **wide}
+    # fold_limit bounds what is materialised: the core's map and tagged operand, not the
+    # passthrough dims (a sorting network's x[:, PERM] over 65,536 rows maps 32 entries)
+    limit = ctx.options.fold_limit
+    through = int(np.prod([xa.shape[d] for d in wide], dtype=np.int64))
+    if _size(xa) // through > limit or _size(out) // through > limit:
+        raise Decline(f"operand or output above fold_limit={limit} elements "
+                      "(passthrough batch dims not counted)")
     smap = memoised_gather_map(getattr(ctx, "cache", None), xs, idx, dn, ss, p["mode"]).copy()
     if not wide:
         return _emit_moved(eqn, ctx, x, xa, smap, p.get("fill_value"))
@@ -375,10 +429,32 @@ RULES = {
 }
 
 
+def _unfolded_index(eqn, ctx, statics):
+    """A gather or update whose index is computed from constants but is no literal: a
+    `Decline` saying why, so that no static gather or update is left in silence."""
+    atoms = U.index_atoms(eqn) if eqn.primitive.name in U.UPDATES else eqn.invars[1:2]
+    idx = next((a for a in atoms if not C.is_literal(a) and a in statics.from_constants
+                and statics.value(a) is None), None)
+    if idx is None:
+        return
+    n = _size(C.aval_of(idx))
+    limit = ctx.options.fold_limit
+    if n > limit:
+        raise Decline(f"index computed from constants, {n} elements: above fold_limit={limit}, "
+                      "not folded")
+    if not ctx.options.fold:
+        raise Decline("index computed from constants, not folded (fold=False)")
+    raise Decline("index computed from constants that folding did not evaluate (a floating-point "
+                  "step, or a value folding keeps as an equation and passes to a call)")
+
+
 def _level(cj, ctx):
     if not any(e.primitive.name in RULES for e in cj.jaxpr.eqns):
         return cj  # nothing this pass rewrites at this level
-    statics = _Statics()
+    # numpy index tables only: already in host memory (a jax Array might be a device's weights)
+    statics = _Statics({v: c for v, c in zip(cj.jaxpr.constvars, cj.consts)
+                        if isinstance(c, (np.ndarray, np.generic)) and c.dtype.kind in "iub"},
+                       ctx.options.fold_limit)
 
     def rule(eqn):
         statics.see(eqn)
@@ -390,6 +466,8 @@ def _level(cj, ctx):
             # before the rule, which records what it applies)
             if _exact.on(ctx) and any(statics.value(a) is not None for a in eqn.invars[1:]):
                 _exact.check(ctx, _exact.eqn_atoms(eqn), "rewriting a gather/scatter of")
+            if eqn.primitive.name == "gather" or eqn.primitive.name in U.UPDATES:
+                _unfolded_index(eqn, ctx, statics)
             return fn(eqn, ctx, statics)
         except Decline as d:
             ctx.report.declined(NAME, eqn, str(d))
