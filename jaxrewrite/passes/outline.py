@@ -15,6 +15,10 @@ pass (JAX inlines checkpointed layers there) and Python loops over plain code le
 Finding a run, per jaxpr level:
 1. Each equation gets a signature: primitive, params (nested jaxprs by structure), operand and
    result avals, literal values; equations with effects get one of their own (never repeated).
+   A unit-stride window of an input of the level (`params[3*i:3*i+3]`: layers that read their
+   parameters from one shared array) is signed by its size, not its offset; in the body, a
+   window whose offset differs between segments reads at start operands (`dynamic_slice`),
+   one literal per segment, which `reroll` scans as xs.
 2. Candidate periods L are the distances between nearby equations of one signature; for each
    (those with the longest periodic stretch, and their multiples), the positions where
    signature[i] == signature[i + L] form runs.

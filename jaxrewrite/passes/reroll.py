@@ -30,7 +30,10 @@ tangents as stacked xs (so gradients are stacked cotangents sliced once, as befo
 
 Bodies that differ only in scalar literals at their top level (what `fold` makes of a call
 with a per-layer index) chain too: the differing literals become trailing operands of one
-generalized body and are scanned as a stacked literal.
+generalized body and are scanned as a stacked literal. So do bodies that differ only in the
+offsets at which they read a window of an operand (a layer's parameters read from one shared
+array, `params[3*i:3*i+3]`): the window becomes a `dynamic_slice` at start operands, and the
+starts are scanned the same way (exact: each window lies in bounds, nothing is clamped).
 
 Repeated inline code (no call: a `jax.jit(..., inline=True)` function, a Python loop over plain
 code, the forward pass JAX leaves in `jax.grad` of checkpointed layers) is first outlined into a
@@ -52,12 +55,15 @@ the backward calls are first made to recompute them (`passes/recompute.py`, `bac
 `reroll_recompute`), so the forward scan stacks only each step's carried input and the backward
 scan runs the forward body again, as a hand-written scan of checkpointed layers does.
 
-Whether rolling pays is decided per target by `backend.cost`: without a contraction only the forward
-is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
-step wins where XLA fuses the unrolled backward pass across layers and loses where it does not
-(`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both
-ways once (`backend.autotune.choose_timed`, cached on disk) and the rolled one is kept only where
-it wins.
+Whether rolling pays is decided per target by `backend.cost`: without a contraction only the
+forward is rolled (`reroll_backward`); a body whose contractions sit among equations that move data
+or call a library every trip (concatenates of irreps chunks, a kernel gathered through a group's
+product table, FFTs: `reroll_body`) is declined on the CPU with the model's estimate, a soft
+verdict that `autotune="time"` measures instead of applying. Beyond that the jaxpr does not say: on
+the CPU, rolling a training step wins where XLA fuses the unrolled backward pass across layers and
+loses where it does not (`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is
+compiled and run both ways once (`backend.autotune.choose_timed`, cached on disk) and the rolled
+one is kept only where it wins.
 
 Tolerance: the scan computes the same operations in the same order; XLA may fuse a loop body
 differently from an unrolled program, so float results can differ in the last bits (measured
