@@ -61,8 +61,9 @@ def _offset_read(e, shared) -> bool:
 def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset()) -> list:
     """One id per equation, -1 for one that never repeats (an effect). Ids come from `table`
     (signature -> id), kept across a level's rounds of outlining: equations a round leaves in
-    place keep theirs, and only its new calls get ids (`_unique`). A window read from an input
-    of the level (`_offset_read`) is signed by its size, not its offset."""
+    place keep theirs, and only its new calls get ids (`_unique`). With `shared` (the level's
+    inputs), a window read from one of them (`_offset_read`) is signed by its size, not its
+    offset: the second try, where the exact signatures find no run."""
     ids = []
     for e in eqns:
         if C.has_effects(e):
@@ -373,10 +374,15 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
     jaxpr = C.replace_jaxpr(jaxpr, eqns=_hoist_constants(jaxpr.eqns))
     table: dict = {}
     shared = frozenset((*jaxpr.invars, *jaxpr.constvars))   # windows of these: `_offsets`
-    sigs = _signatures(jaxpr.eqns, keyer, table, shared)
+    # exact signatures first; where they find no run, windows of the level's inputs signed by
+    # their size (layers reading one parameter array at their own offsets)
+    sigs = _signatures(jaxpr.eqns, keyer, table)
+    wsigs = _signatures(jaxpr.eqns, keyer, table, shared)
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
         run = _find_run(eqns, jaxpr.outvars, _unique(sigs), min_len)
+        if run is None and wsigs != sigs:
+            run = _find_run(eqns, jaxpr.outvars, _unique(wsigs), min_len)
         if run is None:
             break
         p, L, k, (groups, exports, slots, _) = run
@@ -415,10 +421,10 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
             bodies.update(id(e.params["jaxpr"]) for e in em.eqns if C.is_jit(e))
         tail = [_walk.rename_operands(e, env) for e in eqns[p + k * L:]]
         # renaming keeps a signature (operand types alike), unless a value became a literal
-        sigs = (sigs[:p] + [-1] * (len(new_eqns) - p)
-                + (_signatures(tail, keyer, table, shared)
-                   if any(C.is_literal(v) for v in env.values())
-                   else sigs[p + k * L:]))
+        relit = any(C.is_literal(v) for v in env.values())
+        sigs, wsigs = [ss[:p] + [-1] * (len(new_eqns) - p)
+                       + (_signatures(tail, keyer, table, sh) if relit else ss[p + k * L:])
+                       for ss, sh in ((sigs, frozenset()), (wsigs, shared))]
         new_eqns.extend(tail)
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
