@@ -542,6 +542,52 @@ def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
     return REROLL_BACKWARD.get(target or "cpu", REROLL_BACKWARD["cpu"])[has_contraction]
 
 
+# What in a body makes the rolled loop run slower (CPU), by default: rolling a body whose
+# contractions sit among equations that move data or call a library every trip (`REROLL_MOVERS`)
+# is declined, as a soft verdict that `autotune="time"` measures instead (`reroll_body`). Measured
+# (CPU, a 2-core machine shared with 3 other jobs at load 8-15, paired medians of 9-11 rounds, a
+# second optimize of the same program as A/A control; ratios: rolled / the same program unrolled
+# by optimize): a 4-block e3nn-jax network (`tensor_product` -> `e3nn.flax.Linear` -> `gate`,
+# flax, 4,096 samples; 3 blocks rolled, the first takes other irreps) forward run 1.18-1.26x in
+# two rounds, 1.04-1.05x (A/A 0.97) and 0.96-1.13x (A/A 0.89) in two later ones, its compile
+# 0.65-0.81x; gradient run 1.16x (one round), 1.24-1.25x (but a control identical to the unrolled
+# program read 1.23x in that round); the issue that asked for this measured 1.3-1.4x forward and
+# gradient. A 4-layer netket GCNN (4x4 square lattice, 128 symmetries, FFT mode, complex128; 3
+# layers rolled): gradient compile 1.55x (2.09 s against 1.35 s, controls 1.12x and 1.27x; medians
+# of 3), forward run 1.07x (A/A 1.06). Their bodies move data around their contractions every
+# trip: e3nn 28 concatenates of irreps chunks per block among 66 small contractions and 39
+# transposes; the GCNN gathers each layer's kernel through the group's product table, pads and
+# FFTs it (3 pads, 3 FFTs, 1 contraction; its backward a scatter-add). The bodies measured winning
+# rolled have contractions and no such equations (the bench/models.py transformer blocks: 8
+# contractions forward, 24 forward + backward, transposes and reshapes; compile 0.13-0.92x, run
+# 0.24-0.94x at 16 and 32 blocks), or such equations and no contraction (a lattice-Boltzmann step,
+# `jnp.roll`: concatenates of slices, forward rolled 0.83x, `REROLL_BACKWARD`). What XLA:CPU does
+# with the combination is not established: a profile of the e3nn forward (XLA:CPU thunk trace, on
+# the loaded machine) did not single out one operation (the rolled time grew across contractions,
+# transposing copies and concatenates); unrolled, XLA lays out each contraction's operands
+# program-wide, in a loop each trip starts from the carry's fixed layout. A plain MLP (2 equations
+# a layer) is not outlined at all. GPU/TPU: not measured, no limit.
+REROLL_MOVERS = frozenset({"concatenate", "gather", "scatter", "scatter-add", "scatter_add",
+                           "scatter-mul", "scatter-min", "scatter-max", "pad", "fft"})
+REROLL_MAX_MOVERS = {"cpu": 0}      # most such equations per trip beside contractions, by default
+
+
+def reroll_body(movers: dict, contractions: int, trips: int, target: str | None) -> str | None:
+    """None when a chain of `trips` calls whose body holds `contractions` contractions and
+    `movers` (`REROLL_MOVERS` primitive -> count, at any depth) may be rolled by default on
+    `target`, else the reason (the model's estimate)."""
+    limit = REROLL_MAX_MOVERS.get(target or "cpu")
+    n = sum(movers.values())
+    if limit is None or not contractions or n <= limit:
+        return None
+    what = ", ".join(f"{p} x{c}" for p, c in sorted(movers.items()))
+    return (f"estimate on {target}: each of the {trips} trips would move data or call a library "
+            f"in {n} equation(s) ({what}) beside {contractions} contraction(s) (at most {limit} "
+            f"rolled by default): bodies like this ran slower rolled (e3nn-jax blocks up to "
+            f"1.26x, a netket GCNN's gradient compiling 1.55x); autotune='time' measures it "
+            f"instead")
+
+
 # What a rolled program must measure, against the program it came from, to be kept when
 # `reroll` is autotuned by time (`autotune="time"`, `backend.autotune.choose_timed`): (most compile
 # time, most run time), each a ratio: rolling must win compile time and may lose run time only

@@ -15,6 +15,10 @@ pass (JAX inlines checkpointed layers there) and Python loops over plain code le
 Finding a run, per jaxpr level:
 1. Each equation gets a signature: primitive, params (nested jaxprs by structure), operand and
    result avals, literal values; equations with effects get one of their own (never repeated).
+   A unit-stride window of an input of the level (`params[3*i:3*i+3]`: layers that read their
+   parameters from one shared array) is signed by its size, not its offset; in the body, a
+   window whose offset differs between segments reads at start operands (`dynamic_slice`),
+   one literal per segment, which `reroll` scans as xs.
 2. Candidate periods L are the distances between nearby equations of one signature; for each
    (those with the longest periodic stretch, and their multiples), the positions where
    signature[i] == signature[i + L] form runs.
@@ -45,10 +49,21 @@ MAX_RUNS = 8          # runs outlined per level
 LAGS = 8              # occurrences of a signature looked back at for candidate periods
 
 
-def _signatures(eqns, keyer: Keyer, table: dict) -> list:
+def _offset_read(e, shared) -> bool:
+    """Whether `e` reads a window of an input of the level (`shared`) at a static offset: a
+    unit-stride `slice` (a layer's parameters, `params[3*i:3*i+3]`), whose offset may differ
+    from segment to segment (`_offsets`)."""
+    return (e.primitive.name == "slice" and not C.is_literal(e.invars[0])
+            and e.invars[0] in shared
+            and all(s in (None, 1) for s in (e.params["strides"] or ())))
+
+
+def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset()) -> list:
     """One id per equation, -1 for one that never repeats (an effect). Ids come from `table`
     (signature -> id), kept across a level's rounds of outlining: equations a round leaves in
-    place keep theirs, and only its new calls get ids (`_unique`)."""
+    place keep theirs, and only its new calls get ids (`_unique`). With `shared` (the level's
+    inputs), a window read from one of them (`_offset_read`) is signed by its size, not its
+    offset: the second try, where the exact signatures find no run."""
     ids = []
     for e in eqns:
         if C.has_effects(e):
@@ -56,8 +71,26 @@ def _signatures(eqns, keyer: Keyer, table: dict) -> list:
             continue
         ins = tuple(keyer.literal(a) if C.is_literal(a) else ("var", keyer.aval(a.aval))
                     for a in e.invars)
-        ids.append(table.setdefault(keyer.eqn_key(e, ins), len(table)))
+        if _offset_read(e, shared):
+            sizes = tuple(h - l for l, h in zip(e.params["start_indices"],
+                                                 e.params["limit_indices"]))
+            key = ("slice at an offset", ins, sizes)
+        else:
+            key = keyer.eqn_key(e, ins)
+        ids.append(table.setdefault(key, len(table)))
     return ids
+
+
+def _offsets(eqns, p: int, L: int, k: int, shared) -> dict:
+    """The window reads of segment 0 whose offsets differ between the segments
+    [p + m L, p + (m+1) L), m < k: offset in the segment -> each segment's start indices."""
+    out = {}
+    for o in range(L):
+        if _offset_read(eqns[p + o], shared):
+            starts = [tuple(eqns[p + m * L + o].params["start_indices"]) for m in range(k)]
+            if len(set(starts)) > 1:
+                out[o] = starts
+    return out
 
 
 def _unique(sigs: list) -> np.ndarray:
@@ -265,11 +298,20 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
     return None if best is None else best[1]
 
 
-def _body(eqns, p: int, L: int, groups, exports, slots0):
-    """Segment 0 as a closed jaxpr: invars one per slot group, outvars the exports."""
+def _body(eqns, p: int, L: int, groups, exports, slots0, offset_slots=None):
+    """Segment 0 as a closed jaxpr: invars one per slot group, outvars the exports. A window
+    read at offsets that differ between segments (`offset_slots`: its offset in the segment ->
+    the slots of its start indices) becomes a `dynamic_slice` at start operands: exact, since
+    every segment's window lies in bounds (nothing to clamp).
+
+        before:  w = slice[start_indices=(3,), limit_indices=(6,)] params      (segment 1)
+        after:   w = dynamic_slice[slice_sizes=(3,)] params i                  (i: 3 in segment 1)
+    """
+    from jax import lax
     invars = [C.new_var(C.aval_of(slots0[g[0]])) for g in groups]
     env: dict = {}
     by_slot = {s: v for g, v in zip(groups, invars) for s in g}
+    offset_slots = offset_slots or {}
     s = 0
     body_eqns = []
     out_at: dict = {}
@@ -284,6 +326,15 @@ def _body(eqns, p: int, L: int, groups, exports, slots0):
             else:
                 new_in.append(by_slot[s])
                 s += 1
+        if o in offset_slots:
+            sizes = tuple(h - l for l, h in zip(e.params["start_indices"],
+                                                 e.params["limit_indices"]))
+            em = _walk.Emitter(e)
+            w, = em.call(lambda x, *i: lax.dynamic_slice(x, i, sizes), new_in[0],
+                         *(by_slot[t] for t in offset_slots[o]))
+            body_eqns.extend(em.eqns)
+            env[e.outvars[0]] = out_at[(o, 0)] = w
+            continue
         outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
         for q, (v, w) in enumerate(zip(e.outvars, outs)):
             if not C.is_dropvar(v):
@@ -322,16 +373,32 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
     original = jaxpr
     jaxpr = C.replace_jaxpr(jaxpr, eqns=_hoist_constants(jaxpr.eqns))
     table: dict = {}
+    shared = frozenset((*jaxpr.invars, *jaxpr.constvars))   # windows of these: `_offsets`
+    # exact signatures first; where they find no run, windows of the level's inputs signed by
+    # their size (layers reading one parameter array at their own offsets)
     sigs = _signatures(jaxpr.eqns, keyer, table)
+    wsigs = _signatures(jaxpr.eqns, keyer, table, shared)
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
         run = _find_run(eqns, jaxpr.outvars, _unique(sigs), min_len)
+        if run is None and wsigs != sigs:
+            run = _find_run(eqns, jaxpr.outvars, _unique(wsigs), min_len)
         if run is None:
             break
         p, L, k, (groups, exports, slots, _) = run
         if not exports:
             break
-        body = _body(eqns, p, L, groups, exports, slots[0])
+        # windows read at offsets that differ per segment: their start indices are arguments
+        # (literals, one per segment), which `reroll` scans as xs
+        offset_slots = {}
+        for o, starts in _offsets(eqns, p, L, k, shared).items():
+            offset_slots[o] = []
+            for d in range(len(starts[0])):
+                offset_slots[o].append(len(slots[0]))
+                groups.append([len(slots[0])])
+                for m in range(k):
+                    slots[m] = [*slots[m], C.literal(np.int32(starts[m][d]))]
+        body = _body(eqns, p, L, groups, exports, slots[0], offset_slots)
 
         def outlined(*args, body=body):
             return C.eval_jaxpr(body, *args)
@@ -354,9 +421,10 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
             bodies.update(id(e.params["jaxpr"]) for e in em.eqns if C.is_jit(e))
         tail = [_walk.rename_operands(e, env) for e in eqns[p + k * L:]]
         # renaming keeps a signature (operand types alike), unless a value became a literal
-        sigs = (sigs[:p] + [-1] * (len(new_eqns) - p)
-                + (_signatures(tail, keyer, table) if any(C.is_literal(v) for v in env.values())
-                   else sigs[p + k * L:]))
+        relit = any(C.is_literal(v) for v in env.values())
+        sigs, wsigs = [ss[:p] + [-1] * (len(new_eqns) - p)
+                       + (_signatures(tail, keyer, table, sh) if relit else ss[p + k * L:])
+                       for ss, sh in ((sigs, frozenset()), (wsigs, shared))]
         new_eqns.extend(tail)
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)

@@ -30,7 +30,10 @@ tangents as stacked xs (so gradients are stacked cotangents sliced once, as befo
 
 Bodies that differ only in scalar literals at their top level (what `fold` makes of a call
 with a per-layer index) chain too: the differing literals become trailing operands of one
-generalized body and are scanned as a stacked literal.
+generalized body and are scanned as a stacked literal. So do bodies that differ only in the
+offsets at which they read a window of an operand (a layer's parameters read from one shared
+array, `params[3*i:3*i+3]`): the window becomes a `dynamic_slice` at start operands, and the
+starts are scanned the same way (exact: each window lies in bounds, nothing is clamped).
 
 Repeated inline code (no call: a `jax.jit(..., inline=True)` function, a Python loop over plain
 code, the forward pass JAX leaves in `jax.grad` of checkpointed layers) is first outlined into a
@@ -52,12 +55,15 @@ the backward calls are first made to recompute them (`passes/recompute.py`, `bac
 `reroll_recompute`), so the forward scan stacks only each step's carried input and the backward
 scan runs the forward body again, as a hand-written scan of checkpointed layers does.
 
-Whether rolling pays is decided per target by `backend.cost`: without a contraction only the forward
-is rolled (`reroll_backward`). Beyond that the jaxpr does not say: on the CPU, rolling a training
-step wins where XLA fuses the unrolled backward pass across layers and loses where it does not
-(`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is compiled and run both
-ways once (`backend.autotune.choose_timed`, cached on disk) and the rolled one is kept only where
-it wins.
+Whether rolling pays is decided per target by `backend.cost`: without a contraction only the
+forward is rolled (`reroll_backward`); a body whose contractions sit among equations that move data
+or call a library every trip (concatenates of irreps chunks, a kernel gathered through a group's
+product table, FFTs: `reroll_body`) is declined on the CPU with the model's estimate, a soft
+verdict that `autotune="time"` measures instead of applying. Beyond that the jaxpr does not say: on
+the CPU, rolling a training step wins where XLA fuses the unrolled backward pass across layers and
+loses where it does not (`backend.cost.REROLL_TIMED`). With `autotune="time"` the whole program is
+compiled and run both ways once (`backend.autotune.choose_timed`, cached on disk) and the rolled
+one is kept only where it wins.
 
 Tolerance: the scan computes the same operations in the same order; XLA may fuse a loop body
 differently from an unrolled program, so float results can differ in the last bits (measured
@@ -112,7 +118,11 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     if measured:   # what rolling records, to take back if the measurement declines it
         before = (len(report.rewrites), collections.Counter(report.counts),
                   list(report.stats.get("reroll.lengths", [])))
-    out, rolled = _walk.map_levels(cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx))
+    # the cost model's run-time verdicts (`_slow_body`) are soft: where the whole program is
+    # measured below, the measurement decides instead
+    soft = measured and _autotune.compiler_for(ctx.target)[0] == "local"
+    out, rolled = _walk.map_levels(
+        cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx, soft))
     if rolled and measured:
         # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
         # show (`backend.cost.REROLL_TIMED`): measured on the whole program, before and after
@@ -140,15 +150,15 @@ def _open_ended(cj) -> bool:
                for e in _walk.iter_eqns(cj))
 
 
-def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx):
+def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
     """Chains of calls are rolled; then runs of repeated inline code left become calls
     (`outline`) and are rolled the same way. Outlined calls that no chain rolls are inlined
     back, so outlining alone never changes a level."""
-    rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx)
+    rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx, soft)
     outlined, bodies = outline.outline_level(rolled, keyer, min_len)
     if not bodies:
         return rolled, n
-    new, m = _reroll_level(outlined, keyer, min_len, ctx)
+    new, m = _reroll_level(outlined, keyer, min_len, ctx, soft)
     if not m:
         return rolled, n
     left = {id(e.params["jaxpr"]) for e in new.eqns if C.is_jit(e)} & bodies
@@ -174,10 +184,25 @@ def _scalar_literals(body) -> list[tuple[int, int]]:
             if C.is_literal(a) and getattr(C.aval_of(a), "shape", None) == ()]
 
 
+def _window_reads(j) -> list[int]:
+    """Equations of body `j` (top level) that read a window of one of its operands at a static
+    offset: a unit-stride `slice` of an invar (a layer's parameters read from a shared array,
+    `params[3*i:3*i+3]`, inside the layer's function)."""
+    ins = set(j.invars)
+    return [n for n, e in enumerate(j.eqns)
+            if e.primitive.name == "slice" and not C.is_literal(e.invars[0])
+            and e.invars[0] in ins and all(s in (None, 1) for s in (e.params["strides"] or ()))]
+
+
+def _window_sizes(e) -> tuple:
+    return tuple(h - l for l, h in zip(e.params["start_indices"], e.params["limit_indices"]))
+
+
 def _skeleton_key(eqn, keyer: Keyer):
     body = _body_of(eqn)
     j = body.jaxpr if isinstance(body, C.ClosedJaxpr) else body
     spots = set(_scalar_literals(body))
+    windows = set(_window_reads(j))
     env: dict = {}
     for v in (*j.constvars, *j.invars):
         env[v] = (len(env), keyer.aval(v.aval))
@@ -185,6 +210,9 @@ def _skeleton_key(eqn, keyer: Keyer):
     for n, e in enumerate(j.eqns):
         ins = tuple(("lit?", keyer.aval(C.aval_of(a))) if (n, p) in spots else keyer.atom(a, env)
                     for p, a in enumerate(e.invars))
+        if n in windows:   # keyed by its size, not its offset
+            e = e.replace(params=dict(e.params, start_indices=(0,) * len(_window_sizes(e)),
+                                      limit_indices=_window_sizes(e)))
         ek.append(keyer.eqn_key(e, ins))
         for v in e.outvars:
             if not C.is_dropvar(v):
@@ -206,18 +234,30 @@ def _generalize(chain: Chain, keyer: Keyer) -> Chain:
               if not all(keyer.atom(j.eqns[n].invars[p], {}) == keyer.atom(jj[0].eqns[n].invars[p], {})
                          for j in jj[1:])]
     b0, j0 = bodies[0], jj[0]
+    # windows read at offsets that differ along the chain: their start indices become operands
+    windows = [n for n in _window_reads(j0)
+               if any(j.eqns[n].params["start_indices"] != j0.eqns[n].params["start_indices"]
+                      for j in jj[1:])]
     new_vars = [C.new_var(C.aval_of(j0.eqns[n].invars[p])) for n, p in lifted]
+    starts = {n: [C.new_var(C.ShapedArray((), np.dtype(np.int32)))
+                  for _ in j0.eqns[n].params["start_indices"]] for n in windows}
     where = dict(zip(lifted, new_vars))
-    eqns = [e if not any((n, p) in where for p in range(len(e.invars))) else
-            e.replace(invars=[where.get((n, p), a) for p, a in enumerate(e.invars)])
-            for n, e in enumerate(j0.eqns)]
+    eqns = []
+    for n, e in enumerate(j0.eqns):
+        if n in starts:
+            eqns.extend(_dynamic_window(e, starts[n]))
+            continue
+        eqns.append(e if not any((n, p) in where for p in range(len(e.invars))) else
+                    e.replace(invars=[where.get((n, p), a) for p, a in enumerate(e.invars)]))
+    new_vars += [v for n in windows for v in starts[n]]
     di = j0.debug_info
     if di is not None and di.arg_names is not None:
         di = di._replace(arg_names=tuple(di.arg_names) + ("",) * len(new_vars))
     gj = C.replace_jaxpr(j0, invars=[*j0.invars, *new_vars], eqns=eqns, debug_info=di)
     new_eqns = []
     for e, j in zip(chain.eqns, jj):
-        extra = [j.eqns[n].invars[p] for n, p in lifted]
+        extra = [j.eqns[n].invars[p] for n, p in lifted] + [
+            C.literal(np.int32(i)) for n in windows for i in j.eqns[n].params["start_indices"]]
         if C.is_jit(e):
             params = C.jit_params_append_args(e.params, len(extra))
             params["jaxpr"] = C.closed(gj, b0.consts)
@@ -228,6 +268,21 @@ def _generalize(chain: Chain, keyer: Keyer) -> Chain:
     shared = new_eqns[0].params["jaxpr"]
     new_eqns = [e.replace(params=dict(e.params, jaxpr=shared)) for e in new_eqns]
     return Chain(new_eqns, chain.idx, chain.carry)
+
+
+def _dynamic_window(e, starts):
+    """The window read `e` (`_window_reads`) at start operands `starts`, writing `e`'s result;
+    exact: every call's window lies in bounds, so `dynamic_slice` clamps nothing.
+
+        before:  w = slice[start_indices=(3,), limit_indices=(6,)] params
+        after:   w = dynamic_slice[slice_sizes=(3,)] params i            (i: 3 in this call)
+    """
+    from jax import lax
+    sizes = _window_sizes(e)
+    em = _walk.Emitter(e)
+    em.call(lambda x, *i: lax.dynamic_slice(x, i, sizes), e.invars[0], *starts)
+    *pre, last = em.eqns
+    return [*pre, last.replace(outvars=list(e.outvars))]
 
 
 def _find_chains(eqns, keyer: Keyer) -> list[Chain]:
@@ -790,6 +845,28 @@ def _forward_only_reason(call, ctx) -> str | None:
             if _differentiable(call) else None)
 
 
+def _body_cost(call, trips: int, target) -> str | None:
+    """`backend.cost.reroll_body` of `trips` calls of `call`: its body's equations, at any depth,
+    that `REROLL_MOVERS` names, and its contractions."""
+    body = _body_of(call)
+    cj = body if isinstance(body, C.ClosedJaxpr) else C.closed(body, ())
+    prims = collections.Counter(e.primitive.name for e in _walk.iter_eqns(cj))
+    return _cost.reroll_body({p: n for p, n in prims.items() if p in _cost.REROLL_MOVERS},
+                             sum(prims[p] for p in _cost.REROLL_CONTRACTIONS), trips, target)
+
+
+def _slow_body(call, trips: int, ctx, soft: bool) -> str | None:
+    """The cost model's reason not to roll `trips` calls of `call`'s body (run time), or None.
+    A soft verdict: with `soft` (the program is measured, `autotune="time"`) it is noted and
+    the measurement decides."""
+    why = _body_cost(call, trips, ctx.target)
+    if why is not None and soft:
+        ctx.report.count(f"{NAME}.model_overridden")
+        ctx.report.stats.setdefault("reroll.model_estimates", []).append(why)
+        return None
+    return why
+
+
 def _chains(eqns, outvars, keyer: Keyer, min_len: int):
     """(chains worth rolling, cut where an intermediate is used early; users of each value)."""
     chains = _find_chains(eqns, keyer)
@@ -800,11 +877,15 @@ def _chains(eqns, outvars, keyer: Keyer, min_len: int):
     return [c for c in chains if len(c.eqns) >= min_len], users
 
 
-def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx):
+def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx,
+               soft: bool = False):
     """(eqns, chains, users) after backward chains that read forward residuals are made to
     recompute them (`recompute.fuse`), where both chains then roll whole; else as they were."""
     def may_pair(fwd, bwd):
-        return (_forward_only_reason(fwd.eqns[0], ctx) is None
+        # (a pair the cost model declines is left as it is: its calls are declined whole)
+        slow = not soft and any(_body_cost(c.eqns[0], len(c.eqns), ctx.target)
+                                for c in (fwd, bwd))
+        return (not slow and _forward_only_reason(fwd.eqns[0], ctx) is None
                 and _exact.reason(ctx, [a for e in (*fwd.eqns, *bwd.eqns)
                                         for a in _exact.eqn_atoms(e)], "rolling") is None)
 
@@ -829,14 +910,15 @@ def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx):
     return new_eqns, new_chains, new_users
 
 
-def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
+def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
     eqns = list(jaxpr.eqns)
     chains, users = _chains(eqns, jaxpr.outvars, keyer, min_len)
     if not chains:
         return jaxpr, 0
     costs = _cost.costs(ctx.target)
     if costs.reroll_recompute:
-        eqns, chains, users = _recompute(eqns, chains, users, jaxpr.outvars, keyer, min_len, ctx)
+        eqns, chains, users = _recompute(eqns, chains, users, jaxpr.outvars, keyer, min_len, ctx,
+                                         soft)
     chains.sort(key=lambda c: c.idx[-1])
     at_end = {c.idx[-1]: c for c in chains}
     removed = {i for c in chains for i in c.idx[:-1]}
@@ -856,6 +938,10 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx):
         orig = list(chain.eqns)
         try:
             _exact.check(ctx, [a for e in chain.eqns for a in _exact.eqn_atoms(e)], "rolling")
+            slow = _slow_body(chain.eqns[0], len(chain.eqns), ctx, soft)
+            if slow is not None:
+                ctx.report.count(f"{NAME}.declined_by_cost")
+                raise Decline(slow)
             chain = _generalize(chain, keyer)
             why = _forward_only_reason(chain.eqns[0], ctx)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
