@@ -32,7 +32,7 @@ from jax import lax  # noqa: E402
 
 import jaxrewrite  # noqa: E402
 from jaxrewrite import _walk  # noqa: E402
-from jaxrewrite.report.explain import inner_jaxprs  # noqa: E402
+from jaxrewrite._explain import inner_jaxprs  # noqa: E402
 
 NAME = "seed"
 COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs_jit", "funcs_opt",
