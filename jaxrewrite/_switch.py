@@ -39,6 +39,9 @@ _SKIPPED: weakref.WeakSet = weakref.WeakSet()  # functions jax.jit traces, opted
 _SKIP_ATTR = "__jaxrewrite_skip__"
 _WARNED: set[str] = set()                      # functions whose rewrite failed, warned once
 _OPTED_OUT = threading.local()                  # a skipped function ran inside this trace
+# Programs the switch traced through a rewrite: how many, how many the rewrite changed, how many
+# fell back (read by `testing_switch`'s summary line).
+STATS = {"traced": 0, "rewritten": 0, "fell_back": 0}
 
 
 def enable(**options) -> None:
@@ -157,14 +160,27 @@ def _trace(trace: Callable, fun, jit_info):
     _OPTED_OUT.value = False
     try:
         with _off():  # jits inside are part of this program; jaxrewrite's own are not rewritten
-            return trace(wrapped)
+            result = trace(wrapped)
     except Exception as err:  # noqa: BLE001 - contained: the program as JAX traces it runs
         if options.strict:
             raise
         failure = err
+    else:
+        _count(_api.last_report())
+        return result
     result = trace(fun)  # an error of `fun` itself is raised here, as JAX raises it
+    _count(None)
     _warn_once(fun, failure)
     return result
+
+
+def _count(report) -> None:
+    with _LOCK:
+        STATS["traced"] += 1
+        if report is None or report.errors:
+            STATS["fell_back"] += 1
+        elif any(k.endswith(".applied") and n for k, n in report.counts.items()):
+            STATS["rewritten"] += 1
 
 
 def _opted_out() -> bool:
