@@ -542,30 +542,52 @@ def custom_jvp_rule(jvp_jaxpr_fun):
 # caches are keyed by it, so a function traced with the switch on is traced again with it off (and
 # the other way round), and a thread-local value (`with jaxrewrite.enabled():`) is per thread.
 
-def _new_switch_state():
-    from jax._src.config import config_ext
-    return config_ext.Config("jaxrewrite_switch", None, include_in_jit_key=True,
-                             include_in_trace_context=True)
+_SWITCH = None  # the config state, made on first use: None (off) or the switch's Options
 
 
-SWITCH = _new_switch_state()  # None (off) or the Options every outermost jit is rewritten with
+def _switch_state(create: bool = False):
+    """JAX 0.10's config state constructor (jaxlib's `config_ext.Config`); None until the switch
+    is first turned on, and on a JAX whose constructor differs (then `enable` says so)."""
+    global _SWITCH
+    if _SWITCH is None and create:
+        from jax._src.config import config_ext
+        _SWITCH = config_ext.Config("jaxrewrite_switch", None, include_in_jit_key=True,
+                                    include_in_trace_context=True)
+    return _SWITCH
+
+
+def switch_install() -> None:
+    """Make the switch's config state (under the caller's lock: once)."""
+    _switch_state(create=True)
+
+
+_NO_STATE = object()  # what switch_swap_local returns before the state exists
 
 
 def switch_swap_local(value):
     """Set this thread's switch value; returns the previous one, for `switch_set_local`."""
-    return SWITCH.swap_local(value)
+    state = _switch_state()
+    return state.swap_local(value) if state is not None else _NO_STATE
 
 
 def switch_set_local(previous) -> None:
-    SWITCH.set_local(previous)
+    state = _switch_state()
+    if state is not None:
+        if previous is _NO_STATE:  # made meanwhile: this thread had no value of its own
+            from jax._src.config import config_ext
+            previous = config_ext.unset
+        state.set_local(previous)
 
 
 def switch_set_global(value) -> None:
-    SWITCH.set_global(value)
+    state = _switch_state()
+    if state is not None:
+        state.set_global(value)
 
 
 def switch_value():
-    return SWITCH.value
+    state = _switch_state()
+    return state.value if state is not None else None
 
 
 def hook_jit_trace(hook: Callable) -> bool:

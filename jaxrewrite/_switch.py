@@ -127,9 +127,17 @@ def _set(setter, value):
     global _HOOKED
     with _LOCK:
         if not _HOOKED:
-            if not C.hook_jit_trace(_trace):
-                raise RuntimeError(f"the switch needs JAX's jit trace hook, which jax "
-                                   f"{'.'.join(map(str, C.JAX_VERSION))} does not have")
+            try:
+                C.switch_install()
+                hooked = C.hook_jit_trace(_trace)
+            except Exception as e:  # noqa: BLE001 - another JAX: said plainly below
+                hooked, why = False, f" ({type(e).__name__}: {e})"
+            else:
+                why = ""
+            if not hooked:
+                raise RuntimeError(f"jaxrewrite's switch needs JAX's jit trace hook and config "
+                                   f"state, which jax {'.'.join(map(str, C.JAX_VERSION))} does "
+                                   f"not have as jax 0.10 does{why}; use optimize()")
             _HOOKED = True
     return setter(value)
 

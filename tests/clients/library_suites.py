@@ -30,16 +30,19 @@ SUBSET = (
     "haiku._src.conv_test",
     "haiku._src.layer_norm_test",
     "haiku._src.batch_norm_test",
-    "haiku._src.recurrent_test",
     "haiku._src.layer_stack_test",
     "haiku._src.stateful_test",
-    "haiku._src.transform_test",
-    "optax._src.alias_test",
+    "haiku._src.lift_test",
+    "haiku._src.multi_transform_test",
+    "haiku._src.nets.mlp_test",
+    "haiku._src.integration.jax_transforms_test",
     "optax._src.transform_test",
     "optax._src.combine_test",
     "optax._src.update_test",
+    "optax._src.lookahead_test",
     "optax.schedules._schedule_test",
     "optax.losses._classification_test",
+    "optax.transforms._clipping_test",
     "optax.tree_utils._tree_math_test",
 )
 
@@ -78,10 +81,19 @@ def run(modules, switch: bool, timeout: float) -> dict:
         seconds = time.perf_counter() - t0
         tail = done.stdout.strip().splitlines()[-3:]
         outcomes = _outcomes(xml) if os.path.exists(xml) else {}
+        per_module = _module_seconds(xml) if outcomes else {}
     if not outcomes:
         raise RuntimeError(f"pytest produced no report (exit {done.returncode}):\n"
                            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return {"outcomes": outcomes, "seconds": seconds, "summary": tail}
+    return {"outcomes": outcomes, "seconds": seconds, "summary": tail, "per_module": per_module}
+
+
+def _module_seconds(path: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = (case.get("classname") or "").rsplit(".", 1)[0]
+        out[module] = round(out.get(module, 0.0) + float(case.get("time") or 0.0), 1)
+    return out
 
 
 def _outcomes(path: str) -> dict[str, str]:
@@ -118,7 +130,7 @@ def main(argv=None) -> int:
         name = "on" if switch else "off"
         r = run(modules, switch, args.timeout)
         result[name] = {"counts": counts(r["outcomes"]), "seconds": round(r["seconds"], 1),
-                        "summary": r["summary"]}
+                        "summary": r["summary"], "seconds_per_module": r["per_module"]}
         result[f"_{name}"] = r["outcomes"]
         print(f"switch {name}: {result[name]['counts']} in {r['seconds']:.0f} s; "
               f"{' / '.join(r['summary'][-2:])}", flush=True)
