@@ -116,3 +116,26 @@ def test_library_jit_rewritten_and_training_unchanged(make, reports):
     rel = np.abs(np.array(switched) - np.array(plain)) / np.abs(np.array(plain))
     assert len(switched) == STEPS and rel.max() <= 1e-3, rel
     assert plain[-1] < plain[0]  # it trains
+
+
+def test_the_readme_example_under_python_m_jaxrewrite():
+    """`JAXREWRITE_LOG=1 python -m jaxrewrite examples/train_nnx_equinox.py`: the script's own
+    output as without the switch, and one log line per training step function."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "examples", "train_nnx_equinox.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXREWRITE_LOG="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    plain = subprocess.run([sys.executable, script, "5"], capture_output=True, text=True,
+                           env=dict(env, JAXREWRITE_LOG="0"), timeout=600)
+    switched = subprocess.run([sys.executable, "-m", "jaxrewrite", script, "5"],
+                              capture_output=True, text=True, env=env, timeout=600)
+    assert plain.returncode == 0 and switched.returncode == 0, switched.stderr[-3000:]
+    assert plain.stdout.startswith("after 5 steps: nnx loss ")
+    assert switched.stdout == plain.stdout  # printed to 5 digits
+    logged = [ln for ln in switched.stderr.splitlines() if ln.startswith("jaxrewrite: ")]
+    assert [ln.split("(")[0] for ln in logged] == ["jaxrewrite: nnx_step", "jaxrewrite: eqx_step"]
+    assert all("gathers 1" in ln for ln in logged)
