@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 import warnings
 import weakref
 from typing import Callable
@@ -83,19 +84,25 @@ def is_enabled() -> bool:
 
 
 def skip(fn: Callable) -> Callable:
-    """Opt `fn` out of the switch; usable as a decorator, above or below `@jax.jit`.
+    """Opt `fn` out of the switch; usable as a decorator.
 
-    `fn` may be a `jax.jit` object, the function given to `jax.jit` (or to a library's jit:
-    `nnx.jit`, `eqx.filter_jit`, ...), or a function such a program calls. A jit that traces `fn`,
-    or a function that wraps it (`functools.wraps`), is left as JAX traces it; an outermost jit
-    whose trace calls the function returned here anywhere is left unrewritten too. Returns `fn`
-    itself for a jit object, otherwise a wrapper of it that says, when called, that it ran.
+    A jit is left as JAX traces it when the function it traces is `fn`, wraps `fn`
+    (`functools.wraps`: `nnx.jit`'s does), or calls a plain function that `skip` returned while
+    it is traced. So `@jaxrewrite.skip` goes above or below `@jax.jit` and `@nnx.jit`, and below
+    `@eqx.filter_jit` (whose jit traces a function of its own that calls yours).
+
+    Returns `fn` itself, except for a plain Python function: then a wrapper of it that, when
+    called while a program is traced through the switch, leaves that program unrewritten.
     """
-    inner = C.jitted_function(fn)
-    if inner is not None:
-        _mark(inner)
+    f, seen = fn, 0
+    while f is not None and seen < 16:  # fn, what it wraps, and a jit object's function
+        _mark(f)
+        inner = C.jitted_function(f)
+        if inner is not None:
+            _mark(inner)
+        f, seen = getattr(f, "__wrapped__", None), seen + 1
+    if not isinstance(fn, types.FunctionType):
         return fn
-    _mark(fn)
 
     @functools.wraps(fn)
     def skipped(*args, **kwargs):

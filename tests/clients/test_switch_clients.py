@@ -139,3 +139,30 @@ def test_the_readme_example_under_python_m_jaxrewrite():
     logged = [ln for ln in switched.stderr.splitlines() if ln.startswith("jaxrewrite: ")]
     assert [ln.split("(")[0] for ln in logged] == ["jaxrewrite: nnx_step", "jaxrewrite: eqx_step"]
     assert all("gathers 1" in ln for ln in logged)
+
+
+def test_skip_with_library_jits(reports):
+    """`@jaxrewrite.skip` above `@nnx.jit`, below `@eqx.filter_jit`: the step is not rewritten."""
+    import equinox as eqx
+    from flax import nnx
+
+    x = jnp.ones((4, 8))
+
+    @jaxrewrite.skip
+    @nnx.jit
+    def nnx_f(x):
+        return x[:, REV] * 2
+
+    @eqx.filter_jit
+    @jaxrewrite.skip
+    def eqx_f(x):
+        return x[:, REV] * 2
+
+    with jaxrewrite.enabled():
+        a, b = nnx_f(x), eqx_f(x)
+    assert reports == []  # neither program went through the pipeline
+    np.testing.assert_array_equal(a, x[:, REV] * 2)
+    np.testing.assert_array_equal(b, x[:, REV] * 2)
+    with jaxrewrite.enabled():
+        eqx.filter_jit(lambda x: x[:, REV] * 2)(x)  # the same without skip: rewritten
+    assert [e.after for e in reports[-1].rewrites if e.pass_name == "gathers"] == [("rev",)]
