@@ -41,7 +41,7 @@ COLUMNS = ("library", "program", "rewrites", "first_ms", "first_ratio", "aa_rati
 NEEDS = ("flax", "equinox", "haiku", "optax", "diffrax")
 
 
-# --- the programs: each `make()` returns a fresh zero-argument first call --------------------------
+# --- the programs: each `make()` returns a fresh zero-argument first call ------------------------
 
 def _data(n=64, d=16):
     x = jax.random.normal(jax.random.key(0), (n, d))

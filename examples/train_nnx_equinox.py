@@ -53,7 +53,8 @@ def main(steps):
     for step in range(steps):
         nnx_loss = nnx_step(model, opt, x, y)
         eqx_loss, emodel, estate = eqx_step(emodel, estate, x, y)
-    print(f"after {steps} steps: nnx loss {float(nnx_loss):.5f}, equinox loss {float(eqx_loss):.5f}")
+    print(f"after {steps} steps: nnx loss {float(nnx_loss):.5f}, "
+          f"equinox loss {float(eqx_loss):.5f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A pytest plugin: run any test suite with the switch on, unchanged.
 
     python -m pytest -p jaxrewrite.testing_switch --pyargs optax
-    JAXREWRITE_SWITCH_OPTIONS="reroll=True,gathers=all" python -m pytest -p jaxrewrite.testing_switch ...
+    JAXREWRITE_SWITCH_OPTIONS="reroll=True,gathers=all" \
+        python -m pytest -p jaxrewrite.testing_switch ...
 
 Loading the plugin turns the switch on (`jaxrewrite.enable`) before any test module is imported,
 with the options in `JAXREWRITE_SWITCH_OPTIONS` (comma-separated `name=value`, as
