@@ -630,8 +630,22 @@ def jitted_function(obj):
 
 def is_jax_internal_jit(fun) -> bool:
     """JAX's own jits run outside any trace: one primitive applied eagerly (`jnp.sin(x)` on an
-    array dispatches `jit(sin)`), or a `jax.numpy` function called on arrays."""
+    array dispatches `jit(sin)`), or a `jax.numpy` function called on arrays. A JAX function that
+    closes over a function of yours is your program (JAX's test utilities jit such a wrapper)."""
     if getattr(fun, "_apply_primitive", False):
         return True
-    module = getattr(fun, "__module__", None) or ""
+    if not _in_jax(fun):
+        return False
+    for cell in getattr(fun, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value) and not isinstance(value, type) and not _in_jax(value):
+            return False
+    return True
+
+
+def _in_jax(obj) -> bool:
+    module = getattr(obj, "__module__", None) or ""
     return module == "jax" or module.startswith(("jax.", "jaxlib."))

@@ -185,6 +185,18 @@ def test_eager_jax_operations_are_not_rewritten(rewrites):
     assert rewrites == []
 
 
+def test_a_jax_function_that_calls_yours_is_your_program(rewrites):
+    """JAX's test utilities jit a wrapper (defined in JAX) of the test's function."""
+    user = fresh()
+
+    def wrapper(x):
+        return user(x)
+
+    wrapper.__module__ = "jax._src.test_util"
+    with jaxrewrite.enabled():
+        assert _rewritten(jax.jit(wrapper), X)
+
+
 def test_skip_a_jit_object_or_the_function_it_traces():
     with jaxrewrite.enabled():
         assert not _rewritten(jaxrewrite.skip(jax.jit(fresh())), X)
