@@ -32,6 +32,7 @@ from typing import Callable
 
 from . import _api
 from . import _compat as C
+from . import _pipeline
 from ._options import Options
 
 _HOOKED = False
@@ -127,7 +128,9 @@ def _options(options: dict) -> Options:
     bad = sorted(set(options) - set(Options.__dataclass_fields__))
     if bad:  # jax.jit's own keywords belong to each jit, not to the switch
         raise TypeError(f"jaxrewrite.enable() takes rewrite options only; got {bad}")
-    return Options.make(**options)
+    made = Options.make(**options)
+    _pipeline.enabled_passes(made)  # imports the passes now, not in the first step's trace
+    return made
 
 
 def _set(setter, value):
