@@ -22,7 +22,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-# The CI subset: 17 modules, 6.4 minutes with the switch on when measured on a shared 2-core
+# The CI subset: 16 modules, about 6.4 minutes with the switch on when measured on a shared 2-core
 # machine under a load average of 11 (--all runs every file). They cover transforms, stateful
 # modules, layer stacks, convolutions, optimizers, losses and the tree utilities; left out are
 # modules that need packages the extras do not install (dm-tree, tensorflow, sklearn, chex,
