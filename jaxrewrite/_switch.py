@@ -176,6 +176,7 @@ def _trace(trace: Callable, fun, jit_info):
     wrapped = _api._rewriting(fun, options, {"in_shardings": in_sh, "out_shardings": out_sh},
                               opted_out=_opted_out)
     _OPTED_OUT.value = False
+    before = _api.last_report()
     try:
         with _off():  # jits inside are part of this program; jaxrewrite's own are not rewritten
             result = trace(wrapped)
@@ -184,20 +185,22 @@ def _trace(trace: Callable, fun, jit_info):
             raise
         failure = err
     else:
-        _count(_api.last_report())
+        report = _api.last_report()
+        _count(report if report is not before else None)  # (none: a skipped function ran)
         return result
     result = trace(fun)  # an error of `fun` itself is raised here, as JAX raises it
-    _count(None)
+    _count(None, fell_back=True)
     _warn_once(fun, failure)
     return result
 
 
-def _count(report) -> None:
+def _count(report, fell_back: bool = False) -> None:
     with _LOCK:
         STATS["traced"] += 1
-        if report is None or report.errors:
+        if fell_back or (report is not None and report.errors):
             STATS["fell_back"] += 1
-        elif any(k.endswith(".applied") and n for k, n in report.counts.items()):
+        elif report is not None and any(k.endswith(".applied") and n
+                                        for k, n in report.counts.items()):
             STATS["rewritten"] += 1
 
 

@@ -18,7 +18,7 @@ import pytest
 from jax import export
 
 import jaxrewrite
-from jaxrewrite import _pipeline
+from jaxrewrite import _pipeline, _switch
 from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
 
 REV = np.array([3, 2, 1, 0])
@@ -307,12 +307,14 @@ def test_a_failed_rewrite_runs_the_original_and_warns_once(monkeypatch):
         return program(x)
 
     f = jax.jit(failing_program)
+    fell_back = _switch.STATS["fell_back"]
     with jaxrewrite.enabled():
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             got = [f(X), f(X[:2]), f(X[:3])]
         ours = [w for w in record if "jaxrewrite" in str(w.message)]
         assert len(ours) == 1 and "failing_program" in str(ours[0].message)
+        assert _switch.STATS["fell_back"] == fell_back + 3  # counted for the plugin's summary
         assert issubclass(ours[0].category, RuntimeWarning)
         assert not _rewritten(f, X)
     for x, g in zip([X, X[:2], X[:3]], got):
