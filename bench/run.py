@@ -17,8 +17,9 @@ and the others still run; the exit status is then 1. Writes, under `bench/result
 
 `--gpu-target h200` is passed to every `main` that takes a `gpu_target` parameter (kernel
 counts from XLA's GPU compiler without a GPU; needs the `gpu-aot` extra). `--update-readme`
-replaces the block between `<!-- bench:seed -->` and `<!-- /bench:seed -->` in the top-level
-README.md with the seed table and its chart.
+(or `--update-docs`) replaces, for each benchmark run, the block between `<!-- bench:NAME -->`
+and `<!-- /bench:NAME -->` in `docs/measurements.md` (where it has one) with its table and first
+chart.
 """
 from __future__ import annotations
 
@@ -240,10 +241,14 @@ def write_readme(out: str, sections: list[str], failures: dict[str, str], cmd: s
     return path
 
 
-def update_readme(payload: dict, charts: list[str], root: str, columns=None) -> bool:
-    """Replace the seed block of the top-level README.md (between the markers) if it has one."""
-    path = os.path.join(root, "README.md")
-    start, end = "<!-- bench:seed -->", "<!-- /bench:seed -->"
+MEASUREMENTS = os.path.join("docs", "measurements.md")  # the page the tables live on
+
+
+def update_readme(payload: dict, charts: list[str], root: str, columns=None,
+                  name: str = "seed") -> bool:
+    """Replace the `name` block of docs/measurements.md (between the markers) if it has one."""
+    path = os.path.join(root, MEASUREMENTS)
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     try:
         with open(path) as f:
             text = f.read()
@@ -251,7 +256,8 @@ def update_readme(payload: dict, charts: list[str], root: str, columns=None) -> 
         return False
     if start not in text or end not in text:
         return False
-    body = section("seed", payload, charts[:1], root, level="###", columns=columns)
+    body = section(name, payload, charts[:1], os.path.dirname(path), level="###",
+                   columns=columns)
     new = text[:text.index(start) + len(start)] + "\n" + body + "\n" + text[text.index(end):]
     with open(path, "w") as f:
         f.write(new)
@@ -267,8 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-target", default=None, help="also count kernels for this GPU (h200)")
     ap.add_argument("--out", default=_common.RESULTS, help="results folder (bench/results)")
     ap.add_argument("--no-charts", action="store_true")
-    ap.add_argument("--update-readme", action="store_true",
-                    help="put the seed table and chart into README.md's bench:seed block")
+    ap.add_argument("--update-readme", "--update-docs", action="store_true",
+                    dest="update_readme",
+                    help=f"put each table and chart into {MEASUREMENTS}'s bench:NAME block")
     args = ap.parse_args(argv)
     if args.gpu_target:
         _check_gpu_target(args.gpu_target)
@@ -310,11 +317,12 @@ def main(argv=None) -> int:
         print(f"=== {name}: {len(rows)} rows in {meta['seconds']:.1f} s -> {path}"
               + "".join(f", {c}" for c in charts), file=sys.stderr, flush=True)
         summary.append((name, "ok", meta["seconds"], len(rows)))
-        if name == "seed" and args.update_readme:
+        if args.update_readme:
             root = os.path.dirname(HERE)
-            cols = getattr(sys.modules.get("seed"), "README_COLUMNS", None)
-            if not update_readme(payload, charts, root, cols):
-                print("README.md has no <!-- bench:seed --> block; not updated", file=sys.stderr)
+            cols = getattr(sys.modules.get(name), "README_COLUMNS", None)
+            if not update_readme(payload, charts, root, cols, name=name):
+                print(f"{MEASUREMENTS} has no <!-- bench:{name} --> block; not updated",
+                      file=sys.stderr)
         try:
             import jax
             jax.clear_caches()  # one benchmark's compiled programs do not weigh on the next

@@ -32,7 +32,7 @@ from jax import lax  # noqa: E402
 
 import jaxrewrite  # noqa: E402
 from jaxrewrite import _walk  # noqa: E402
-from jaxrewrite.report.explain import inner_jaxprs  # noqa: E402
+from jaxrewrite._explain import inner_jaxprs  # noqa: E402
 
 NAME = "seed"
 COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs_jit", "funcs_opt",
@@ -40,7 +40,7 @@ COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs
            "compile_ms_opt", "compile_ratio", "fusions_jit", "fusions_opt", "run_us_jit",
            "run_us_opt", "run_ratio")
 
-# the narrower table that `bench/run.py --update-readme` puts into README.md
+# the narrower table that `bench/run.py --update-readme` puts into docs/measurements.md
 README_COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "compile_ms_jit",
                   "compile_ms_opt", "compile_ratio", "fusions_jit", "fusions_opt", "run_ratio")
 

@@ -117,8 +117,11 @@ def _hashable(v):
     return v
 
 
-def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None) -> Callable:
-    """The function `jax.jit` traces: trace `fun`, rewrite, evaluate into the current trace."""
+def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
+               opted_out: Callable[[], bool] | None = None) -> Callable:
+    """The function `jax.jit` traces: trace `fun`, rewrite, evaluate into the current trace.
+
+    `opted_out()` (the switch's) says, after `fun` is traced, to leave the program as traced."""
     # Shardings jax.jit is given: whether the program is partitioned over several devices.
     shardings = tuple((jit_kw or {}).get(k) for k in ("in_shardings", "out_shardings"))
 
@@ -144,6 +147,8 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None) -> C
         # named like `fun`, so errors while tracing it read as they do under jax.jit
         cj = C.trace(C.name_like(flat_fun, fun, args, kwargs, dyn), dyn_vals)
         t1 = time.perf_counter()
+        if opted_out is not None and opted_out():
+            return jax.tree_util.tree_unflatten(out_tree[-1], C.eval_jaxpr(cj, *dyn_vals))
         result = _pipeline.rewrite(cj, options, shardings=shardings)
         result.report.time("trace", t1 - t0)
         _log.rewritten(fun, dyn_vals, result.report)  # JAXREWRITE_LOG=1: one line per function

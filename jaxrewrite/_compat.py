@@ -526,3 +526,126 @@ def custom_jvp_rule(jvp_jaxpr_fun):
         return jvp.f, transforms, tuple(jvp.params)
     except Exception:  # noqa: BLE001 - another JAX version: identity comparison is the fallback
         return None
+
+
+# --- the switch: every outermost jax.jit traced through a rewrite (`_switch.py`) ------------------
+#
+# `jax.jit(f)` (jax/_src/api.py) returns `pjit._cpp_pjit(f, jit_info)`: a C++ `PjitFunction` whose
+# cache misses, `.trace`, `.lower` and `.eval_shape` all reach `pjit._infer_params`, which calls
+# the module-level `pjit._trace_for_jit(f, jit_info, ...)` to trace `f`. That call is the one
+# place every jit's trace passes through, whenever and however the jit object was made (held
+# since import, `from jax import jit`, nnx.jit, eqx.filter_jit): the hook replaces `f` there and
+# leaves the jit object, its type and its attributes as they are. Read from JAX 0.10.2.
+#
+# The switch's value is a JAX config state included in the jit key and the trace context, as
+# JAX's own contexts are (`jax.default_matmul_precision`): the C++ dispatch cache and the trace
+# caches are keyed by it, so a function traced with the switch on is traced again with it off (and
+# the other way round), and a thread-local value (`with jaxrewrite.enabled():`) is per thread.
+
+_SWITCH = None  # the config state, made on first use: None (off) or the switch's Options
+
+
+def _switch_state(create: bool = False):
+    """JAX 0.10's config state constructor (jaxlib's `config_ext.Config`); None until the switch
+    is first turned on, and on a JAX whose constructor differs (then `enable` says so)."""
+    global _SWITCH
+    if _SWITCH is None and create:
+        from jax._src.config import config_ext
+        _SWITCH = config_ext.Config("jaxrewrite_switch", None, include_in_jit_key=True,
+                                    include_in_trace_context=True)
+    return _SWITCH
+
+
+def switch_install() -> None:
+    """Make the switch's config state (under the caller's lock: once)."""
+    _switch_state(create=True)
+
+
+_NO_STATE = object()  # what switch_swap_local returns before the state exists
+
+
+def switch_swap_local(value):
+    """Set this thread's switch value; returns the previous one, for `switch_set_local`."""
+    state = _switch_state()
+    return state.swap_local(value) if state is not None else _NO_STATE
+
+
+def switch_set_local(previous) -> None:
+    state = _switch_state()
+    if state is not None:
+        if previous is _NO_STATE:  # made meanwhile: this thread had no value of its own
+            from jax._src.config import config_ext
+            previous = config_ext.unset
+        state.set_local(previous)
+
+
+def switch_set_global(value) -> None:
+    state = _switch_state()
+    if state is not None:
+        state.set_global(value)
+
+
+def switch_value():
+    state = _switch_state()
+    return state.value if state is not None else None
+
+
+def hook_jit_trace(hook: Callable) -> bool:
+    """Route every `jax.jit` trace through `hook(trace, fun, jit_info)`, where `trace(g)` traces
+    `g` in `fun`'s place, exactly as JAX would have traced `fun`. Installed once; False if this
+    JAX has no `_trace_for_jit` to hook."""
+    from jax._src import pjit as _pjit
+    original = getattr(_pjit, "_trace_for_jit", None)
+    if original is None:  # pragma: no cover - another JAX: the switch is not available
+        return False
+    if getattr(original, "__jaxrewrite_hook__", None) is hook:
+        return True
+    original = getattr(original, "__wrapped__", original)
+
+    def _trace_for_jit(fun, jit_info, *rest, **kw):
+        return hook(lambda g: original(g, jit_info, *rest, **kw), fun, jit_info)
+
+    _trace_for_jit.__wrapped__ = original
+    _trace_for_jit.__jaxrewrite_hook__ = hook
+    _pjit._trace_for_jit = _trace_for_jit
+    return True
+
+
+def is_outermost_trace() -> bool:
+    """Whether no transformation or trace is under way in this thread (a jit traced now is an
+    outermost one: not inside another jit, `grad`, `vmap` or a loop body)."""
+    return _core.trace_state_clean()
+
+
+def jit_info_shardings(jit_info) -> tuple:
+    """The in/out shardings a `jax.jit` was given (leaves), from its `PjitInfo`."""
+    return (tuple(getattr(jit_info, "in_shardings_leaves", ())),
+            tuple(getattr(jit_info, "out_shardings_leaves", ())))
+
+
+def jitted_function(obj):
+    """The function a `jax.jit` object traces, or None if `obj` is not one."""
+    return getattr(obj, "_fun", None) if hasattr(obj, "_jit_info") else None
+
+
+def is_jax_internal_jit(fun) -> bool:
+    """JAX's own jits run outside any trace: one primitive applied eagerly (`jnp.sin(x)` on an
+    array dispatches `jit(sin)`), or a `jax.numpy` function called on arrays. A JAX function that
+    closes over a function of yours is your program (JAX's test utilities jit such a wrapper)."""
+    if getattr(fun, "_apply_primitive", False):
+        return True
+    if not _in_jax(fun):
+        return False
+    for cell in getattr(fun, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value) and not isinstance(value, type) and not _in_jax(value):
+            return False
+    return True
+
+
+def _in_jax(obj) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return module == "jax" or module.startswith(("jax.", "jaxlib."))

@@ -90,18 +90,22 @@ def test_charts_from_row_shapes(tmp_path, runner):
 
 
 def test_update_readme_block(tmp_path, runner):
-    (tmp_path / "README.md").write_text(
-        "intro\n<!-- bench:seed -->\nold table\n<!-- /bench:seed -->\nend\n")
+    """`--update-readme` writes the tables into docs/measurements.md, charts linked from there."""
+    page = tmp_path / "docs" / "measurements.md"
+    page.parent.mkdir()
+    page.write_text("intro\n<!-- bench:seed -->\nold table\n<!-- /bench:seed -->\nend\n")
     payload = dict(jax="0.10.2", backend="cpu", date="today", meta=dict(quick=False, seconds=3.0),
                    rows=[dict(program="loop/closure", eqns_jit=100, eqns_opt=19, extra=1.0)])
     chart = tmp_path / "bench" / "results" / "seed_kernels_per_form.png"
     cols = ("program", "eqns_jit", "eqns_opt")
     assert runner.update_readme(payload, [str(chart)], str(tmp_path), cols)
-    text = (tmp_path / "README.md").read_text()
+    text = page.read_text()
     assert "old table" not in text and text.startswith("intro\n<!-- bench:seed -->\n")
     assert text.endswith("<!-- /bench:seed -->\nend\n")
     assert "| loop/closure | 100 | 19 |" in text and "extra" not in text
-    assert "](bench/results/seed_kernels_per_form.png)" in text
-    (tmp_path / "README.md").write_text("no markers\n")
+    assert "](../bench/results/seed_kernels_per_form.png)" in text
+    assert not runner.update_readme(payload, [], str(tmp_path), name="switch")  # no such block
+    page.write_text("no markers\n")
     assert not runner.update_readme(payload, [], str(tmp_path))
-    assert (tmp_path / "README.md").read_text() == "no markers\n"
+    assert page.read_text() == "no markers\n"
+    assert not (tmp_path / "README.md").exists()

@@ -23,7 +23,7 @@ from jaxrewrite import _compat as C
 from jaxrewrite.report import log as _log
 from jaxrewrite import _pipeline
 from jaxrewrite import _walk as W
-from jaxrewrite.report.explain import Explanation, count_fusions, explain
+from jaxrewrite._explain import Explanation, count_fusions, explain
 
 SIN2COS = _pipeline.PassSpec("sin2cos", "dedup", True)
 

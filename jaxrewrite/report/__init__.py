@@ -1,2 +1,1 @@
-"""What a rewrite tells its user: records of applied and declined rewrites, `explain()`, and
-the logger."""
+"""What a rewrite tells its user: records of applied and declined rewrites, and the logger."""

@@ -8,7 +8,8 @@ It compiles ahead of time, twice: `optimize(f)` (trace → rewrite → lower →
 baseline column, `jax.jit(f)` (trace → lower → compile). Each runs on a fresh wrapper of `f`, so
 neither hits the other's top-level caches; the optimized program goes first, so inner `jax.jit`
 functions that both share are traced by it, not by the baseline (if anything, to its cost).
-One sample each: for stable figures use `bench/` (paired medians).
+One sample each: for stable figures use `bench/` (paired medians). An entry point like `_api.py`
+(it drives the pipeline), not a report helper.
 """
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from typing import Any, Callable
 
 import jax
 
-from .. import _api
-from .. import _pipeline
-from .. import _walk
-from .._options import DEFAULTS
-from .records import Event, Report
+from . import _api
+from . import _pipeline
+from . import _switch
+from . import _walk
+from ._options import DEFAULTS
+from .report.records import Event, Report
 
 
 @dataclasses.dataclass
@@ -95,6 +97,10 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
     options, jit_kw = _api._split_kwargs(kwargs)
 
     def run(*args, **call_kwargs) -> Explanation:
+        with _switch._off():  # the baseline is jax.jit's program, whether the switch is on or not
+            return _explain(*args, **call_kwargs)
+
+    def _explain(*args, **call_kwargs) -> Explanation:
         notes: list[str] = []
         # -- optimize(fun): a fresh wrapper, so nothing is cached from earlier calls
         opt = jax.jit(_api._rewriting(fun, options, jit_kw), **jit_kw)
@@ -182,7 +188,7 @@ def _fusions(compiled, notes: list[str]) -> int | None:
     if compiled is None:
         return None
     try:
-        from ..backend import xla as _xla
+        from .backend import xla as _xla
         return _xla.cpu_fusions(compiled)
     except ImportError:
         notes.append("fusions counted from the HLO text (jaxrewrite.backend.xla not available)")
@@ -218,7 +224,7 @@ def _gpu_target(requested, notes: list[str]) -> str | None:
     if requested is None:
         return None
     try:
-        from ..backend import xla as _xla
+        from .backend import xla as _xla
         ok = _xla.gpu_aot_available()
     except (ImportError, AttributeError):
         ok = False
@@ -234,7 +240,7 @@ def _gpu_target(requested, notes: list[str]) -> str | None:
 def _gpu_kernels(jitted, args, kwargs, target: str, notes: list[str]) -> int | None:
     """Kernels of `jitted` compiled for `target` without a GPU (`backend.xla`'s deviceless
     compiler)."""
-    from ..backend import xla as _xla
+    from .backend import xla as _xla
     try:
         def place(x):
             if hasattr(x, "shape") and hasattr(x, "dtype"):
