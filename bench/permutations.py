@@ -380,10 +380,10 @@ def keccak(quick: bool) -> list[dict]:
     rounds as a Python loop, a `fori_loop` reading the round constant at the loop index, or a
     `lax.scan` over the constants), vmapped, against the hand-written 25-word form in a
     `fori_loop` (`words/fori`, the baseline). The straight-line 25-word form (`keccak.hand_f`)
-    is left out: on the CPU its compile took 138 s at 16,384 states and a run did not finish
-    in 10 minutes (each lane's loop fusion holds its whole 24-round cone, past XLA:CPU's
-    fusion emitter cliff, `backend.cost.TargetCosts.max_piece_cone`); H200: 5 kernels, 374 s
-    to compile. 16,384 and 65,536 states (4,096 with --quick); x64 on inside."""
+    is left out: on the CPU its compile took 138 s at 16,384 states and the timing rounds with
+    it had not finished after 13 minutes (each lane's loop fusion holds its whole 24-round
+    cone, past XLA:CPU's fusion-emitter cliff, `backend.cost.TargetCosts.max_piece_cone`);
+    H200: 5 kernels, 374 s to compile. 16,384 and 65,536 states (4,096 with --quick); x64 on inside."""
     import keccak as K
     rows = []
     with jax.enable_x64(True):

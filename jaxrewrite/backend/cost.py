@@ -160,9 +160,10 @@ class TargetCosts:
     # 0: none (GPU: not measured).
     max_piece_cone: int = 0
     # Axes longer than `max_axis`, up to this, are split too where the fused-code estimate
-    # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py unrolls loops for
-    # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
-    # `fori_loop` unrolled and then not split ran 2.6x slower than kept rolled.)
+    # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py looks at loop
+    # carries along such axes only where scalarize's verdict is asked first or launches decide,
+    # `loop_axis`: a 25-lane `fori_loop` unrolled and then not split ran 2.6x slower than kept
+    # rolled.)
     cost_axis: int = 0
 
 

@@ -16,7 +16,9 @@ a reduction); splitting a whole array is `unstack` (slices, free for XLA).
 
 How it decides:
 0. Inline: small plain `jit` calls holding a static gather (`jnp.take`'s `_take`, a function
-   called 7 times in a loop) are inlined bottom-up, so one region holds the permutations.
+   called 7 times in a loop) are inlined bottom-up, so one region holds the permutations;
+   so are small calls whose every equation has a rule (`jnp.where`'s `_where`, a `reduce`),
+   at levels that move data along a small axis (`inline_split_calls`).
    If no level is then split, the original program is returned untouched.
 1. Link: each rule in `RULES` says which (value, axis) pairs must be split together (an add
    links the same axis of its operands and result; a reshape links the axes it merges; a
