@@ -1,6 +1,7 @@
 """Static permutations (issue 5): ChaCha20 and the seed program in every form, jax.jit vs optimize.
 
     python bench/permutations.py [--quick] [--loops]    # --loops: the issue-12 rows only
+    python bench/permutations.py [--quick] --keccak     # the issue-25 rows only (Keccak-f[1600])
     JAX_PLATFORMS=cpu .venv-gpu/bin/python bench/permutations.py   # + H200 kernels (gpu-aot)
 
 1. The ChaCha20 block function (RFC 8439): a 4x4 uint32 state, quarter-rounds on the columns of
@@ -372,6 +373,42 @@ def chacha_loops(quick: bool) -> list[dict]:
                   compile_repeats=1 if quick else 5)
 
 
+# --- Keccak-f[1600] (issue 25) -------------------------------------------------------------------
+
+def keccak(quick: bool) -> list[dict]:
+    """Keccak-f[1600] as users write it (bench/keccak.py: 25 uint64 lanes as a (25,) array, 24
+    rounds as a Python loop, a `fori_loop` reading the round constant at the loop index, or a
+    `lax.scan` over the constants), vmapped, against the hand-written 25-word form in a
+    `fori_loop` (`words/fori`, the baseline). The straight-line 25-word form (`keccak.hand_f`)
+    is left out: on the CPU its compile took 138 s at 16,384 states and the timing rounds with
+    it had not finished after 13 minutes (each lane's loop fusion holds its whole 24-round
+    cone, past XLA:CPU's fusion-emitter cliff, `backend.cost.TargetCosts.max_piece_cone`);
+    H200: 5 kernels, 374 s to compile. 16,384 and 65,536 states (4,096 with --quick); x64 on inside."""
+    import keccak as K
+    rows = []
+    with jax.enable_x64(True):
+        for n in ((4096,) if quick else (16384, 65536)):
+            a = jnp.asarray(np.random.default_rng(0).integers(0, 2 ** 64, (n, 25),
+                                                              dtype=np.uint64))
+            forms = {"python": K.keccak_f, "fori": K.keccak_fori, "scan": K.keccak_scan}
+            # (A/A: the baseline again, a second jax.jit: what noise is)
+            variants = {"words/fori": lambda: jax.jit(K.hand_fori),
+                        "words/fori (A/A)": lambda: jax.jit(lambda s: K.hand_fori(s))}
+            gpu = {}
+            for kind, f in forms.items():
+                variants[kind] = lambda f=f: jax.jit(jax.vmap(f))
+                variants[f"{kind}+optimize"] = lambda f=f: jaxrewrite.optimize(jax.vmap(f))
+                gpu[f"{kind}+optimize"] = lambda f=f: jaxrewrite.optimize(jax.vmap(f),
+                                                                          target="gpu")
+            ref = np.asarray(jax.jit(K.hand_fori)(a))
+            # rolled under jax.jit: their kernels launch once per round
+            trips = {"words/fori": 24, "words/fori (A/A)": 24, "fori": 24, "scan": 24}
+            rows += _table(f"keccak-f1600/{n}", variants, a, "words/fori", ref,
+                           3 if quick else 7, gpu, compile_repeats=1 if quick else 3,
+                           trips=trips)
+    return rows
+
+
 def main(quick: bool = False) -> list[dict]:
     return chacha(quick) + seed(quick)
 
@@ -379,5 +416,7 @@ def main(quick: bool = False) -> list[dict]:
 if __name__ == "__main__":
     if "--loops" in sys.argv[1:]:
         _common.cli(NAME + "_loops", chacha_loops, COLUMNS)
+    elif "--keccak" in sys.argv[1:]:
+        _common.cli(NAME + "_keccak", keccak, COLUMNS)
     else:
         _common.cli(NAME, main, COLUMNS)

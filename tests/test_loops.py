@@ -210,13 +210,14 @@ def test_cpu_short_loop_is_left_to_the_level_model():
 
 
 def test_cpu_carry_not_split_where_the_body_needs_it_whole():
-    """A body that reduces the whole state each trip would re-join the pieces every trip: the
-    carry is not split, the loop stays as it was, and the decline says why."""
+    """A body that scans the whole state each trip would re-join the pieces every trip: the
+    carry is not split, the loop stays as it was, and the decline says why. (An integer sum
+    over the split axis is split: its pieces are added, tests/test_keccak.py.)"""
     p1, p2 = np.array([1, 2, 3, 0]), np.array([2, 0, 3, 1])
 
     def f(x):
         return lax.fori_loop(0, 4, lambda i, x: x[:, p1] ^ (x[:, p2] >> jnp.uint32(3))
-                             ^ x.sum(axis=1, keepdims=True), x)
+                             ^ jnp.cumsum(x, axis=1), x)
 
     x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (4096, 4), np.uint32))
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(x), target="cpu")

@@ -160,9 +160,10 @@ class TargetCosts:
     # 0: none (GPU: not measured).
     max_piece_cone: int = 0
     # Axes longer than `max_axis`, up to this, are split too where the fused-code estimate
-    # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py unrolls loops for
-    # axes up to `max_axis` only: it cannot see this estimate before unrolling, and a 25-lane
-    # `fori_loop` unrolled and then not split ran 2.6x slower than kept rolled.)
+    # (`join_model`, `fused_limit`) allows it; 0: none. (passes/flatten.py looks at loop
+    # carries along such axes only where scalarize's verdict is asked first or launches decide,
+    # `loop_axis`: a 25-lane `fori_loop` unrolled and then not split ran 2.6x slower than kept
+    # rolled.)
     cost_axis: int = 0
 
 
@@ -182,7 +183,9 @@ COSTS: dict[str, TargetCosts] = {
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
                        max_piece_cone=2400, cost_axis=32, update_form="in_place"),
-    "gpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8),
+    # GPU: axes of 17..32 and up to 32 pieces too (Keccak-f[1600]'s 25 lanes: the hand-written
+    # 25-word form's kernels where 16 pieces kept every gather, bench/permutations.py --keccak).
+    "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
 }
@@ -458,7 +461,9 @@ LOOP_COSTS: dict[str, LoopCosts] = {
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.
-    "gpu": LoopCosts(4000, 1.0, launches_decide=True),
+    # 6,000 equations: Keccak-f[1600]'s 24 rounds (5,328 unrolled) are one region, as its
+    # Python loop form is (bench/permutations.py --keccak).
+    "gpu": LoopCosts(6000, 1.0, launches_decide=True),
     "tpu": LoopCosts(4000, 1.0, launches_decide=True),
 }
 
@@ -466,6 +471,17 @@ LOOP_COSTS: dict[str, LoopCosts] = {
 def loop_costs(target: str | None) -> LoopCosts:
     row = "cpu" if target == "cpu" else "tpu" if target == "tpu" else "gpu"
     return LOOP_COSTS[row]
+
+
+def loop_axis(target: str | None) -> int:
+    """Largest small axis of a loop's carry that flatten looks at. Up to `cost_axis` where
+    scalarize's verdict on the split body is asked before anything changes (`split_carry`) or
+    launches decide (unrolled, the loop saves its launches split or not); else `max_axis`
+    (unrolled on the CPU and then not split, a 25-lane `fori_loop` ran 2.6x slower than rolled)."""
+    c, lc = costs(target), loop_costs(target)
+    if lc.split_carry or lc.launches_decide:
+        return max(c.max_axis, c.cost_axis)
+    return c.max_axis
 
 
 @dataclasses.dataclass(frozen=True)

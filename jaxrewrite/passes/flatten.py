@@ -76,6 +76,11 @@ EXACT = frozenset({
     "integer_pow", "square",
     "slice", "squeeze", "reshape", "broadcast_in_dim", "concatenate", "stack", "transpose",
     "rev", "gather", "iota", "pad", "expand_dims",
+    # (a table read at the loop index, `rc[i]`: a static slice once unrolled)
+    "dynamic_slice", "unstack",
+    # reductions: exact on integers (floats are caught by `_EXACT_FLOAT_SAFE`)
+    "reduce_xor", "reduce_and", "reduce_or", "reduce_max", "reduce_min", "reduce_sum",
+    "reduce_prod",
 })
 # Equations that move data between positions: what splitting a small axis turns into renaming.
 MOVERS = frozenset({"gather", "concatenate", "stack", "rev"})
@@ -84,7 +89,7 @@ MOVERS = frozenset({"gather", "concatenate", "stack", "rev"})
 _EXACT_FLOAT_SAFE = frozenset({"slice", "squeeze", "reshape", "broadcast_in_dim", "concatenate",
                                "stack", "transpose", "rev", "gather", "select_n", "copy",
                                "copy_p", "pad", "expand_dims", "eq", "ne", "lt", "le", "gt",
-                               "ge", "max", "min", "neg", "abs"})
+                               "ge", "max", "min", "neg", "abs", "dynamic_slice", "unstack"})
 
 
 def _small_axis(atom, max_axis: int) -> bool:
@@ -416,8 +421,10 @@ def _scalarize_split(ctx, jaxpr, consts) -> tuple:
     first), asked with a scratch report (the real one records what scalarize does when the
     pipeline runs it): (the split level, None), or (None, scalarize's reason)."""
     scratch = dataclasses.replace(ctx, report=Report())
-    j, split = scalarize.scalarize_jaxpr(scalarize.inline_gather_calls(jaxpr), scratch,
-                                         ctx.options.scalarize, consts)
+    c = _cost.costs(ctx.target)
+    j, split = scalarize.scalarize_jaxpr(
+        scalarize.inline_for_split(jaxpr, max(c.max_axis, c.cost_axis)), scratch,
+        ctx.options.scalarize, consts)
     if split:
         return j, None
     reasons = [d.reason for d in scratch.report.declines]
@@ -449,7 +456,15 @@ def run(cj, ctx):
 
     should_inline = _inline_rule(ctx, mode, max_axis, lc.max_unrolled_eqns, piece_of)
     pending: list = []
-    unroll = _unroll_rule(ctx, mode, max_axis, piece_of, pending)
+    # loops are looked at up to the axes scalarize splits where its verdict is asked first or
+    # launches decide (`backend.cost.loop_axis`: a 25-lane Keccak state)
+    loop_axis = _cost.loop_axis(ctx.target)
+    loop_pieces: dict = {}
+
+    def loop_piece_of(j, permuting: bool) -> int:
+        return _largest_piece(j, loop_axis, permuting, loop_pieces)
+
+    unroll = _unroll_rule(ctx, mode, loop_axis, loop_piece_of, pending)
     changed = [False]
 
     def inline(c, j):

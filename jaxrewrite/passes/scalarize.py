@@ -16,7 +16,9 @@ a reduction); splitting a whole array is `unstack` (slices, free for XLA).
 
 How it decides:
 0. Inline: small plain `jit` calls holding a static gather (`jnp.take`'s `_take`, a function
-   called 7 times in a loop) are inlined bottom-up, so one region holds the permutations.
+   called 7 times in a loop) are inlined bottom-up, so one region holds the permutations;
+   so are small calls whose every equation has a rule (`jnp.where`'s `_where`, a `reduce`),
+   at levels that move data along a small axis (`inline_split_calls`).
    If no level is then split, the original program is returned untouched.
 1. Link: each rule in `RULES` says which (value, axis) pairs must be split together (an add
    links the same axis of its operands and result; a reshape links the axes it merges; a
@@ -147,7 +149,7 @@ def elementwise_links(eqn, node) -> Links | None:
     full = [out]
     for a in eqn.invars:
         s = shape_of(a)
-        if s == shape:
+        if s == shape or _broadcasts(s, shape):
             full.append(a)
         elif s != ():
             return None
@@ -158,10 +160,17 @@ def elementwise_links(eqn, node) -> Links | None:
     axes = node.axes
     groups = []
     for d in range(len(shape)):
-        g = [(a, d) for a in full if d in axes(a)]
+        # (an operand of size 1 along d is broadcast there: a piece of it serves every piece)
+        g = [(a, d) for a in full if d in axes(a) and shape_of(a)[d] == shape[d]]
         if g:
             groups.append(g)
     return Links(groups)
+
+
+def _broadcasts(s: tuple, shape: tuple) -> bool:
+    """Whether an operand of shape `s` is broadcast along its size-1 dims to `shape` (what
+    `vmap` makes of an unbatched per-lane table: `x << ROT` with ROT of shape (1, 25))."""
+    return len(s) == len(shape) and all(a == b or a == 1 for a, b in zip(s, shape))
 
 
 def elementwise_emit(b: Builder, eqn, info):
@@ -173,14 +182,40 @@ def elementwise_emit(b: Builder, eqn, info):
     shape = shape_of(out)
     ins = [b.get_parts(a, axes) if shape_of(a) == shape and shape != () else None
            for a in eqn.invars]
+    wide = {k: _broadcast_operand(b, a, axes, shape) for k, a in enumerate(eqn.invars)
+            if ins[k] is None and shape_of(a) != () and shape_of(a) != shape}
     select = eqn.primitive.name == "select_n"
 
     def piece(idx):
         atoms = [p[idx] if p is not None else a for p, a in zip(ins, eqn.invars)]
+        for k, pick in wide.items():
+            atoms[k] = pick(idx)
         if select and (case := b.uniform(atoms[0])) is not None:
             return atoms[1 + int(case)]
         return b.bind1(eqn.primitive, atoms, **eqn.params)
     return [(axes, each_piece([shape[d] for d in axes], piece))]
+
+
+def _broadcast_operand(b: Builder, a, axes, shape) -> Callable:
+    """Piece `idx` (over the result's split `axes`) of an operand broadcast along its size-1
+    dims: its own piece where it has the axis, itself where it is broadcast; a constant piece
+    of one value is a scalar literal.
+
+        before:  y:u64[N,25] = shift_left x r        (r: u64[1,25] literal, x split along 1)
+        after:   y_i:u64[N] = shift_left x_i r[0,i]  (r[0,i]: u64[] literal)
+    """
+    sa = shape_of(a)
+    own = tuple(d for d in axes if sa[d] == shape[d])
+    P = b.get_parts(a, own)
+    at = [axes.index(d) for d in own]
+    rest = rest_shape(sa, axes)
+
+    def pick(idx):
+        p = b.reshape(P[tuple(idx[k] for k in at)], rest)
+        if C.is_literal(p) and (v := b.uniform(p)) is not None:
+            return literal_like(np.asarray(v), C.aval_of(p))
+        return p
+    return pick
 
 
 def slice_links(eqn, node):
@@ -519,6 +554,60 @@ def gather_emit(b: Builder, eqn, info: _GatherInfo):
     return [(B, Qo)]
 
 
+# Reductions whose pieces combine exactly in any order (integers and booleans): reduce -> the
+# binary primitive that combines two partial results.
+REDUCES = {"reduce_xor": "xor", "reduce_and": "and", "reduce_or": "or", "reduce_max": "max",
+           "reduce_min": "min", "reduce_sum": "add", "reduce_prod": "mul"}
+
+
+def _reduce_exact(eqn) -> bool:
+    dt = C.aval_of(eqn.invars[0]).dtype
+    return np.dtype(dt).kind in "iub"
+
+
+def reduce_links(eqn, node):
+    """reduce_xor[axes](x): the kept dims link x and the result; a reduced dim split elsewhere
+    (x's producer) is combined piece by piece (integers: any order gives the same bits)."""
+    if not _reduce_exact(eqn):
+        return None
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    red = set(int(d) for d in eqn.params["axes"])
+    kept = [d for d in range(len(shape_of(x))) if d not in red]
+    return Links(_clean([[node(x, d), node(out, j)] for j, d in enumerate(kept)]))
+
+
+def reduce_emit(b: Builder, eqn, info):
+    """reduce_xor[axes=(2,)](x) with x split along 1 and 2 →
+    per kept piece i: x_i0 ^ x_i1 ^ x_i2 ^ x_i3 ^ x_i4 (the reduced pieces combined);
+    reduced dims that are not split are reduced in each piece first."""
+    x, = eqn.invars
+    out = eqn.outvars[0]
+    xs = shape_of(x)
+    red = sorted(set(int(d) for d in eqn.params["axes"]))
+    kept = [d for d in range(len(xs)) if d not in red]
+    out_axes = b.chosen.get(out, ())
+    red_split = [d for d in b.chosen.get(x, ()) if d in red]
+    in_axes = tuple(sorted([kept[j] for j in out_axes] + red_split))
+    P = b.get_parts(x, in_axes)
+    pos = rest_positions(len(xs), in_axes)
+    inner = tuple(pos[d] for d in red if d not in red_split)
+    combine = _prim(REDUCES[eqn.primitive.name])
+    rest_out = rest_shape(shape_of(out), out_axes)
+
+    def piece(idx):
+        at = dict(zip((kept[j] for j in out_axes), idx))
+        acc = None
+        for ridx in np.ndindex(*[xs[d] for d in red_split]):
+            at.update(zip(red_split, ridx))
+            p = P[tuple(at[d] for d in in_axes)]
+            if inner:
+                p = b.bind1(eqn.primitive, [p], **{**eqn.params, "axes": inner})
+            acc = p if acc is None else b.bind1(combine, [acc, p])
+        return b.reshape(acc, rest_out)
+    return [(out_axes, each_piece([shape_of(out)[d] for d in out_axes], piece))]
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     links: Callable
@@ -538,6 +627,7 @@ RULES: dict[str, Rule] = {
     "transpose": Rule(transpose_links, transpose_emit, moves=True),
     "rev": Rule(rev_links, rev_emit, mover=True),
     "gather": Rule(gather_links, gather_emit, mover=True),
+    **{name: Rule(reduce_links, reduce_emit) for name in REDUCES},
 }
 
 
@@ -728,6 +818,46 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
                 and _has_static_gather(inner)
                 and all(C.is_foldable_const(c) for c in inner.consts))
     return _walk.inline_calls(jaxpr, inline)
+
+
+def _piecewise(cj) -> bool:
+    """Every equation of the body has a rule here (jnp.where's `_where`, a `reduce` helper):
+    inlined, it is split with its caller instead of re-joining its operands."""
+    return all(e.primitive.name in RULES and not e.effects for e in cj.jaxpr.eqns)
+
+
+def _moves_small_axis(jaxpr, max_axis: int) -> bool:
+    """Whether the level holds a mover along an axis scalarize could split."""
+    for e in jaxpr.eqns:
+        rule = RULES.get(e.primitive.name)
+        if rule is not None and rule.mover and any(
+                1 < s <= max_axis for v in e.outvars for s in shape_of(v)):
+            return True
+    return False
+
+
+def inline_split_calls(jaxpr, max_axis: int, max_eqns: int = 32):
+    """Inline small plain `jit` calls whose every equation has a rule here, at a level that
+    moves data along a small axis (the only levels scalarize splits).
+
+        before:  p = jit[reduce]{ reduce_xor[axes=(2,)] o } o ; w = jit[_where]{ select_n ... }
+        after:   p = reduce_xor[axes=(2,)] o ; w = select_n ...
+    Where the level is not split after all, `run` returns the program it was given.
+    """
+    if not _moves_small_axis(jaxpr, max_axis):
+        return jaxpr
+
+    def inline(eqn):
+        inner = eqn.params["jaxpr"]
+        return (_plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns and _piecewise(inner)
+                and all(C.is_foldable_const(c) for c in inner.consts))
+    return _walk.inline_calls(jaxpr, inline)
+
+
+def inline_for_split(jaxpr, max_axis: int):
+    """The calls scalarize inlines at a level before splitting it: static-gather calls
+    (`inline_gather_calls`), then small piecewise ones (`inline_split_calls`)."""
+    return inline_split_calls(inline_gather_calls(jaxpr), max_axis)
 
 
 # --- driver -------------------------------------------------------------------------------------
@@ -973,8 +1103,11 @@ def run(cj, ctx):
         return cj, False
     changed = False
 
+    costs = _cost.costs(ctx.target)
+    small = max(costs.max_axis, costs.cost_axis)
+
     def inline(c):
-        j = inline_gather_calls(c.jaxpr)
+        j = inline_for_split(c.jaxpr, small)
         return c if j is c.jaxpr else C.closed(j, c.consts)
 
     def level(c):
