@@ -24,7 +24,17 @@ pytestmark = [pytest.mark.corpus,
 
 # Rows that miss the promise on main today, each with its open cause (issue 23 parts 1-2); they
 # become passes when the causes are fixed (strict=False: an XPASS is not an error).
-KNOWN_SLOW: dict[tuple[str, str, str], str] = {}
+_SELECT = ("a static .at[].set becomes broadcast_in_dim + select_n with no cost check (gathers "
+           "pass; issue 23 part 1): measured on main")
+_REROLL = ("reroll=True rolls layers with no cost check (issue 23 part 2): measured on main")
+KNOWN_SLOW: dict[tuple[str, str, str], str] = {
+    ("jumanji_rubiks_cube", "forward", "defaults"): f"{_SELECT}: 18 face turns, run 1.31x",
+    ("jumanji_rubiks_cube", "forward", "reroll"): f"{_SELECT}: 18 face turns, run 1.35x",
+    ("netket_gcnn", "forward", "reroll"): f"{_REROLL}: compile 1.12x",
+    ("netket_gcnn", "grad", "reroll"): f"{_REROLL}: run 1.11x, compile 1.19x",
+    ("e3nn_network", "forward", "reroll"): f"{_REROLL}: compile 1.50x",
+    ("e3nn_network", "grad", "reroll"): f"{_REROLL}: compile 1.38x",
+}
 
 ROWS = [(make, direction, options) for make in corpus.PROGRAMS
         for direction in corpus.directions(make) for options in corpus.OPTIONS]
@@ -45,7 +55,7 @@ def measured(make, direction, again: bool = False):
     key = (make, direction)
     if again or key not in _measured:
         _measured.pop(key, None)
-        rounds, samples = (5, 11) if again else (3, 5)
+        rounds, samples = (5, 21) if again else (3, 11)
         _measured[key] = corpus.measure(program(make), direction, rounds=rounds, samples=samples)
     return _measured[key]
 
@@ -72,7 +82,7 @@ def test_within_contract(make, direction, options, record_property):
     """Checked on the measured executables: no fallback, something rewritten, results within
     the contract."""
     p = program(make)
-    c = corpus.check(p, direction, options, measured(make, direction)["compiled"])
+    c = corpus.check(p, direction, options, measured(make, direction))
     record_property("rewrites", dict(c["rewrites"]))
     assert c["rewrites"], f"{p.name} {direction} {options}: nothing rewritten, nothing compared"
     assert c["diff_eps"] <= corpus.clients.testing.CONTRACT_ULPS
