@@ -178,7 +178,8 @@ def netket_gcnn() -> Program:
 
     def loss(params, sigma):
         return jnp.mean(jnp.real(model.apply(params, sigma)))
-    return Program("netket", "GCNN 4 layers, 4x4 space group x256", model.apply, (params, sigma), loss)
+    return Program("netket", "GCNN 4 layers, 4x4 space group x256", model.apply, (params, sigma),
+                   loss)
 
 
 def e3nn_network() -> Program:
@@ -313,7 +314,8 @@ def check(p: Program, direction: str, options: str, measured: dict | None = None
         raise AssertionError(f"{p.library} {direction} {options}: fell back: "
                              f"{report and report.errors}")
     actual = compiled(*args)
-    clients.assert_result(direction, actual, expected, f"{p.library} {p.name} {direction} {options}")
+    clients.assert_result(direction, actual, expected,
+                          f"{p.library} {p.name} {direction} {options}")
     _, units = clients.max_diff(direction, _real(actual), _real(expected))
     return dict(rewrites=clients.rewrites_applied(report), diff_eps=units)
 

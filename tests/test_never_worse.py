@@ -119,9 +119,10 @@ def _program_text(compiled) -> str:
 
 def measure(recipe, repeats: int = 5, compiles: int = 1) -> dict:
     """Paired medians of run and compile seconds, jax.jit vs optimize (the order alternating
-    pair by pair); outputs compared under the contract (integers bit for bit). Where XLA compiled the same program both ways
-    (nothing rewritten that XLA sees), its run time is not measured twice: `same` is True and
-    the run ratio 1 (on a shared machine, timing one program twice differed up to 2x)."""
+    pair by pair); outputs compared under the contract (integers bit for bit). Where XLA
+    compiled the same program both ways (nothing rewritten that XLA sees), its run time is not
+    measured twice: `same` is True and the run ratio 1 (on a shared machine, timing one program
+    twice differed up to 2x)."""
     fn, args = recipe.fn, recipe.args
     cj_s, co_s = [], []
     for _ in range(compiles):

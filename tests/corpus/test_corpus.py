@@ -67,7 +67,8 @@ def _param(make, direction, options):
 
 
 def test_rows_cover_every_program_and_direction():
-    """ROWS (written out for the ids) are the programs' own directions, both options sets."""
+    """ROWS (from `corpus.directions`, without building) are the built programs' own
+    directions, both options sets."""
     expected = {(make, d, o) for make in corpus.PROGRAMS for d in program(make).directions()
                 for o in corpus.OPTIONS}
     assert set(ROWS) == expected and len(ROWS) == len(expected)
@@ -89,8 +90,11 @@ def test_within_contract(make, direction, options, record_property):
 
 @pytest.mark.parametrize("make,direction,options", [_param(*r) for r in ROWS])
 def test_never_worse(make, direction, options, record_property):
+    """Within the promise, the A/A spread as slack; a miss is measured again (rows in
+    KNOWN_SLOW are not: their miss is known)."""
     r = corpus.ratios(measured(make, direction), options)
-    if corpus.verdict(r, slack=True) != "ok" and (make.__name__, direction, options) not in KNOWN_SLOW:
+    known = (make.__name__, direction, options) in KNOWN_SLOW
+    if corpus.verdict(r, slack=True) != "ok" and not known:
         r = corpus.ratios(measured(make, direction, again=True), options)
     record_property("ratios", r)
     miss = corpus.verdict(r, slack=True)
