@@ -627,3 +627,235 @@ def field_recipes(max_batch: int = 65536, max_steps: int = 8) -> st.SearchStrate
 def perf_programs(max_batch: int = 65536, max_rounds: int = 24) -> st.SearchStrategy:
     """ARX round functions and stencils, as users write them (tests/test_never_worse.py)."""
     return st.one_of(arx_recipes(max_batch, max_rounds), field_recipes(max_batch))
+
+
+# --- beyond ARX: what real programs do (issue 23) ----------------------------------------------
+#
+# Static `.at[]` updates of small states (environment steps, cipher and PRNG registers), mode
+# switches of state machines, and group convolutions over a lattice's symmetry group, the kinds
+# of data movement the corpus (bench/corpus.py) found in real libraries; integer and float.
+
+_DTYPES = ("int8", "uint32", "float32")
+
+
+def _mix(a, b):
+    """A cheap non-linear mix of two words: xor-rotate for integers, a multiply-add for floats."""
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        return a * np.float32(0.75) + b * np.float32(0.5)
+    bits = a.dtype.itemsize * 8
+    return (a ^ _rot(b, 3, bits)) + a.dtype.type(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterRecipe:
+    """`steps` static-index updates of a small state, vmapped over `batch` elements (or written
+    on a leading batch axis: `vmap=False`). `kind`:
+    - "face": a (6, 3, 3) cube of stickers; a step turns one face with `rot90` and writes it back
+      with `.at[f].set`, and swaps a row of two other faces (a Rubik's-cube face turn);
+    - "shift": a register of `size` words shifted with `jnp.roll(s, -1).at[k].set(new)`, `new` a
+      mix of two words (registers of ciphers and PRNGs written from their specification);
+    - "column": a (2, size // 2) state, one column rewritten with `.at[:, j].set`;
+    - "add": `.at[i].add(...)` then `.at[j].mul(...)` at static indices.
+    Indices come from a static schedule drawn from `seed`. `wrap`: "" (unrolled by Python),
+    "jit" (each step a jitted helper) or "fori" (a `fori_loop` whose body is step 0)."""
+    kind: str = "shift"
+    dtype: str = "uint32"
+    size: int = 8
+    steps: int = 2
+    batch: int = 1024
+    seed: int = 0
+    vmap: bool = True
+    wrap: str = ""
+
+    @property
+    def _state_shape(self) -> tuple:
+        return {"face": (6, 3, 3), "column": (2, self.size // 2)}.get(self.kind, (self.size,))
+
+    @property
+    def args(self):
+        r = np.random.default_rng(self.seed)
+        shape = (self.batch,) + self._state_shape
+        if self.dtype == "float32":
+            return (jnp.asarray(r.uniform(-1, 1, shape).astype(np.float32)),)
+        dt = np.dtype(self.dtype)
+        return (jnp.asarray(r.integers(np.iinfo(dt).min, np.iinfo(dt).max, shape, dtype=dt,
+                                       endpoint=True)),)
+
+    @property
+    def fn(self) -> Callable:
+        r = np.random.RandomState(self.seed % (2 ** 31))
+        n = self._state_shape[-1] if self.kind == "column" else self._state_shape[0]
+        picks = [tuple(int(v) for v in r.choice(n, 3, replace=False)) for _ in range(self.steps)]
+        pre = () if self.vmap else (slice(None),)     # the leading batch axis, when written out
+
+        def step(s, k):
+            i, j, h = picks[k]
+            if self.kind == "face":
+                turned = jnp.rot90(s[pre + (i,)], k=-1, axes=(-2, -1))
+                s = s.at[pre + (i,)].set(turned)
+                row_j, row_h = s[pre + (j, 0)], s[pre + (h, 0)]
+                return s.at[pre + (j, 0)].set(row_h).at[pre + (h, 0)].set(row_j)
+            if self.kind == "shift":
+                new = _mix(s[pre + (i,)], s[pre + (j,)])
+                return jnp.roll(s, -1, axis=-1).at[pre + (h,)].set(new)
+            if self.kind == "column":
+                col = (slice(None),)
+                new = _mix(s[pre + col + (i,)], s[pre + col + (j,)])
+                return s.at[pre + col + (h,)].set(new)
+            s = s.at[pre + (i,)].add(s[pre + (j,)])
+            return s.at[pre + (h,)].mul(s[pre + (i,)])
+
+        def block(s):
+            if self.wrap == "fori":
+                return jax.lax.fori_loop(0, self.steps, lambda _, s: step(s, 0), s)
+            for k in range(self.steps):
+                s = (jax.jit(step, static_argnums=1) if self.wrap == "jit" else step)(s, k)
+            return s
+
+        program = jax.vmap(block) if self.vmap else block
+        return _named(program, "scatter_program")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchRecipe:
+    """A state machine stepped `steps` times, vmapped over `batch` machines: each machine's mode
+    picks one of `branches` branches, with `lax.switch` (`form="switch"`: vmapped, a select of
+    every branch) or with `jnp.select` over all branches' results (`form="select"`). A branch
+    permutes the (size,) state by a static table, updates one word at a static index, and the
+    next mode comes from a static transition table."""
+    size: int = 16
+    branches: int = 3
+    steps: int = 2
+    dtype: str = "uint32"
+    form: str = "switch"
+    batch: int = 1024
+    seed: int = 0
+
+    @property
+    def args(self):
+        (s,) = ScatterRecipe(dtype=self.dtype, size=self.size, batch=self.batch,
+                             seed=self.seed).args
+        mode = np.random.default_rng(self.seed + 1).integers(0, self.branches, self.batch)
+        return (s, jnp.asarray(mode, jnp.int32))
+
+    @property
+    def fn(self) -> Callable:
+        r = np.random.RandomState(self.seed % (2 ** 31))
+        perms = [r.permutation(self.size) for _ in range(self.branches)]
+        spots = [tuple(int(v) for v in r.choice(self.size, 2, replace=False))
+                 for _ in range(self.branches)]
+        nxt = jnp.asarray(r.randint(0, self.branches, self.branches), jnp.int32)
+
+        def branch(b):
+            def go(s):
+                t = jnp.take(s, perms[b])
+                i, j = spots[b]
+                return t.at[i].set(_mix(t[i], t[j]))
+            return go
+
+        def machine(s, mode):
+            for _ in range(self.steps):
+                if self.form == "switch":
+                    s = lax.switch(mode, [branch(b) for b in range(self.branches)], s)
+                else:
+                    s = jnp.select([mode == b for b in range(self.branches)],
+                                   [branch(b)(s) for b in range(self.branches)], s)
+                mode = nxt[mode]
+            return s, mode
+
+        return _named(jax.vmap(machine), "switch_program")
+
+
+def _lattice_group(side: int, group: str) -> np.ndarray:
+    """The permutations of a side x side torus's sites: its translations, or (`"space"`) the
+    translations composed with the square's 8 rotations and reflections. (|G|, side**2) ints."""
+    i, j = np.meshgrid(np.arange(side), np.arange(side), indexing="ij")
+    points = [(i, j)]
+    if group == "space":
+        points = []
+        for a, b in ((i, j), (j, i)):                          # identity, reflection
+            for _ in range(4):                                  # then the 4 rotations
+                points.append((a, b))
+                a, b = b, (-a) % side
+    perms = {tuple((((a + x) % side) * side + (b + y) % side).ravel())
+             for a, b in points for x in range(side) for y in range(side)}
+    return np.array(sorted(perms))
+
+
+@dataclasses.dataclass(frozen=True)
+class SymmetryRecipe:
+    """Group convolutions over a lattice's symmetry group, as a symmetric network's layers do:
+    the (side**2,) float32 input is read through the group's permutation table (|G| x sites:
+    16 to 1,296 entries) into one feature per group element, then `layers` group convolutions
+    each read the features through the group's (|G|, |G|) product table, a tanh between; the
+    output is the mean feature. Vmapped over `batch` inputs; the weights are an argument."""
+    side: int = 4
+    group: str = "translations"
+    layers: int = 2
+    batch: int = 256
+    seed: int = 0
+
+    @property
+    def args(self):
+        r = np.random.default_rng(self.seed)
+        g = len(_lattice_group(self.side, self.group))
+        x = r.uniform(-1, 1, (self.batch, self.side ** 2)).astype(np.float32)
+        w0 = r.normal(0, 0.5, self.side ** 2).astype(np.float32)
+        ws = r.normal(0, 1 / np.sqrt(g), (self.layers, g)).astype(np.float32)
+        return (jnp.asarray(w0), jnp.asarray(ws), jnp.asarray(x))
+
+    @property
+    def fn(self) -> Callable:
+        perms = _lattice_group(self.side, self.group)
+        index = {tuple(p): k for k, p in enumerate(perms)}
+        # product[g, h]: the element g∘h, so layer features read f[product[g]] per output g
+        product = np.array([[index[tuple(p[q])] for q in perms] for p in perms])
+
+        def net(w0, ws, x):
+            f = jnp.tanh(x[perms] @ w0)                      # (|G|,): lift to the group
+            for k in range(self.layers):
+                f = jnp.tanh(f[product] @ ws[k])             # group convolution
+            return jnp.mean(f)
+
+        return _named(jax.vmap(net, in_axes=(None, None, 0)), "symmetry_program")
+
+
+def _named(fn, name):
+    fn.__qualname__ = fn.__name__ = name
+    return fn
+
+
+def scatter_recipes(max_batch: int = 65536, max_steps: int = 6) -> st.SearchStrategy:
+    return st.builds(ScatterRecipe, kind=st.sampled_from(["face", "shift", "column", "add"]),
+                     dtype=st.sampled_from(_DTYPES), size=st.sampled_from([8, 16]),
+                     steps=st.integers(1, max_steps),
+                     batch=st.sampled_from([1] + [b for b in BATCHES if b <= max_batch]),
+                     seed=st.integers(0, 1000), vmap=st.booleans(),
+                     wrap=st.sampled_from(["", "jit", "fori"]))
+
+
+def switch_recipes(max_batch: int = 65536, max_steps: int = 4) -> st.SearchStrategy:
+    return st.builds(SwitchRecipe, size=st.sampled_from([8, 16]), branches=st.integers(2, 4),
+                     steps=st.integers(1, max_steps), dtype=st.sampled_from(_DTYPES),
+                     form=st.sampled_from(["switch", "select"]),
+                     batch=st.sampled_from([b for b in BATCHES if b <= max_batch]),
+                     seed=st.integers(0, 1000))
+
+
+# (side, group) whose permutation table has 16 to 1,296 entries
+SYMMETRY_GROUPS = tuple((side, group) for side in range(2, 7) for group in ("translations", "space")
+                        if 16 <= len(_lattice_group(side, group)) * side ** 2 <= 1296)
+
+
+def symmetry_recipes(max_batch: int = 4096, max_layers: int = 3) -> st.SearchStrategy:
+    return st.builds(lambda sg, **kw: SymmetryRecipe(side=sg[0], group=sg[1], **kw),
+                     sg=st.sampled_from(SYMMETRY_GROUPS), layers=st.integers(1, max_layers),
+                     batch=st.sampled_from([b for b in (16, 256, 1024, 4096) if b <= max_batch]),
+                     seed=st.integers(0, 1000))
+
+
+def real_code_recipes(max_batch: int = 65536) -> st.SearchStrategy:
+    """Static `.at[]` updates (vmapped and on a leading axis), switch and select state machines,
+    and symmetry-group convolutions; integer and float programs (tests/test_never_worse.py)."""
+    return st.one_of(scatter_recipes(max_batch), switch_recipes(max_batch),
+                     symmetry_recipes(min(max_batch, 4096)))

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 import jaxrewrite
 from jaxrewrite import strategies as S
 from jaxrewrite._api import rewrite_jaxpr_with_report
-from jaxrewrite.testing import primitive_counts
+from jaxrewrite.testing import assert_contract_equal, assert_equivalent, primitive_counts
 
 with warnings.catch_warnings():  # (as tests/test_fuzz.py: hypothesis's failure reporting)
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -119,9 +119,10 @@ def _program_text(compiled) -> str:
 
 def measure(recipe, repeats: int = 5, compiles: int = 1) -> dict:
     """Paired medians of run and compile seconds, jax.jit vs optimize (the order alternating
-    pair by pair); outputs compared bitwise. Where XLA compiled the same program both ways
-    (nothing rewritten that XLA sees), its run time is not measured twice: `same` is True and
-    the run ratio 1 (on a shared machine, timing one program twice differed up to 2x)."""
+    pair by pair); outputs compared under the contract (integers bit for bit). Where XLA
+    compiled the same program both ways (nothing rewritten that XLA sees), its run time is not
+    measured twice: `same` is True and the run ratio 1 (on a shared machine, timing one program
+    twice differed up to 2x)."""
     fn, args = recipe.fn, recipe.args
     cj_s, co_s = [], []
     for _ in range(compiles):
@@ -131,8 +132,8 @@ def measure(recipe, repeats: int = 5, compiles: int = 1) -> dict:
         co_s.append(t)
     want, t_j = _first_call(cj, args, "jax.jit")
     got, t_o = _first_call(co, args, "optimized")
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # integers bit for bit, floats (the real-code families) within the contract
+    assert_contract_equal(got, want, meta=False)
     same = _program_text(cj) == _program_text(co)
     # calls per sample: about 5 ms of the slower form
     n = max(1, min(200, int(5e-3 / max(t_j, t_o, 1e-6))))
@@ -405,3 +406,102 @@ def test_same_program_up_to_names_and_order_is_recognised():
         a = jax.jit(r.fn).lower(*r.args).compile()
         b = jaxrewrite.optimize(r.fn).lower(*r.args).compile()
         assert (_program_text(a) == _program_text(b)) is same, r
+
+
+# --- beyond ARX (issue 23): static .at[] updates, state machines, symmetry groups -------------
+
+@settings(max_examples=16, deadline=None, derandomize=True, database=None,
+          suppress_health_check=_SUPPRESS, phases=_PHASES)
+@given(recipe=S.real_code_recipes(max_batch=256))
+def test_real_code_families_are_equivalent(recipe):
+    """Every new family through optimize: integers bit for bit, floats (and the gradients of the
+    float programs) within the contract. (vmap=False: each program is vmapped already.)"""
+    assert_equivalent(recipe.fn, *recipe.args, vmap=False)
+
+
+# the static scatter became a select (gathers pass, no cost check): issue 23 part 1
+_SELECT = "static .at[].set becomes broadcast_in_dim + select_n (issue 23 part 1): measured"
+
+REAL_CODE = [
+    # a vmapped Rubik's-cube face turn, int8 stickers and float
+    (S.ScatterRecipe(kind="face", dtype="int8", steps=3, batch=4096), f"{_SELECT} 13x"),
+    (S.ScatterRecipe(kind="face", dtype="float32", steps=3, batch=4096), f"{_SELECT} 7.2x"),
+    # a register shift, jnp.roll(s, -1).at[k].set(new): vmapped; on a leading axis in a fori_loop
+    (S.ScatterRecipe(kind="shift", dtype="float32", steps=3, batch=4096), f"{_SELECT} 1.23x"),
+    (S.ScatterRecipe(kind="shift", dtype="uint32", steps=3, batch=4096, vmap=False, wrap="fori"),
+     None),
+    (S.ScatterRecipe(kind="column", dtype="int8", steps=3, batch=4096), None),
+    (S.ScatterRecipe(kind="add", dtype="float32", steps=3, batch=4096), None),
+    # state machines: lax.switch under vmap, and jnp.select over every branch's result
+    (S.SwitchRecipe(dtype="uint32", form="switch", batch=4096), None),
+    (S.SwitchRecipe(dtype="uint32", form="select", batch=4096), f"{_SELECT} 1.7-1.8x"),
+    (S.SwitchRecipe(dtype="float32", form="switch", batch=4096), None),
+    # group convolutions: tables of 256 (4x4 translations), 648 (3x3 space group), 1,296 entries
+    (S.SymmetryRecipe(side=4, group="translations", batch=1024), None),
+    (S.SymmetryRecipe(side=3, group="space", batch=1024), None),
+    (S.SymmetryRecipe(side=6, group="translations", batch=1024), None),
+]
+
+
+def _miss_once(recipe, repeats=5):
+    """One measurement (no re-measuring): for programs expected to miss until a fix lands."""
+    m = measure(recipe, repeats)
+    assert not violations(m), f"{recipe}: {'; '.join(violations(m))} ({m})"
+
+
+@pytest.mark.parametrize("recipe,known", [
+    pytest.param(r, bool(why), id=repr(r),
+                 marks=pytest.mark.xfail(reason=why, strict=False) if why else ())
+    for r, why in REAL_CODE])
+def test_real_code_never_worse(recipe, known):
+    if known:
+        _miss_once(recipe)
+    else:
+        check_never_worse(recipe)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+          suppress_health_check=_SUPPRESS, phases=_PHASES)
+@given(recipe=S.real_code_recipes(max_batch=4096))
+def test_real_code_never_worse_drawn(recipe):
+    """Drawn with fixed seeds (these six held on main; REAL_CODE above has the misses)."""
+    check_never_worse(recipe, repeats=3)
+
+
+# --- the recipes earlier notes named as violating the property ------------------------------
+#
+# Found by drawing as test_never_worse_long_time_bounded does (hypothesis seed k, 5 examples a
+# batch, JAXREWRITE_PERF_SEED=0): the first recipe with each named `seed` field, at batch k.
+
+NAMED = {
+    63: S.ArxRecipe(shape=(2, 8), dtype="uint64", rounds=24, batch=4095, seed=63, message=False,
+                    fanout=2, quarter=False, undo=False, out="xor", wrap="jit"),        # k=0
+    843: S.ArxRecipe(shape=(2, 8), dtype="uint32", rounds=17, batch=65536, seed=843,
+                     message=True, fanout=2, quarter=False, undo=True, out="state"),    # k=5
+    940: S.ArxRecipe(shape=(4, 4), dtype="uint64", rounds=1, batch=4095, seed=940,
+                     message=False, fanout=1, quarter=True, undo=False, wrap="fori"),   # k=9
+    509: S.ArxRecipe(shape=(4, 4), dtype="uint64", rounds=19, batch=65536, seed=509,
+                     message=True, fanout=3, quarter=True, undo=False, out="xor",
+                     wrap="jit"),                                                       # k=21
+    601: S.ArxRecipe(shape=(2, 8), dtype="uint64", rounds=10, batch=1024, seed=601,
+                     message=True, fanout=2, quarter=False, undo=True, out="xor",
+                     wrap="jit"),                                                       # k=66
+    451: S.ArxRecipe(shape=(5, 5), dtype="uint64", rounds=16, batch=16, seed=451,
+                     message=False, fanout=1, quarter=True, undo=False, out="fold",
+                     wrap="fori"),                                                      # k=184
+}
+
+
+@pytest.mark.parametrize("seed_", sorted(NAMED))
+def test_named_recipe_is_equivalent(seed_):
+    """Bit for bit against jax.jit, at the drawn size (the rewrites decide by size)."""
+    r = NAMED[seed_]
+    assert_equivalent(r.fn, *r.args, vmap=False, bitwise=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed_", sorted(NAMED))
+def test_named_recipe_never_worse(seed_):
+    """Each held on main when re-measured (2026-12-05: optimize compiled the same program as
+    jax.jit for all six, run 1.00x; compile 0.58-1.85x in single tries on a loaded machine)."""
+    check_never_worse(NAMED[seed_])

@@ -1,0 +1,111 @@
+"""The corpus (bench/corpus.py: Jumanji, Gymnax, NetKet, e3nn-jax, qujax, dm-pix programs)
+through `optimize(..., strict=True)`, under the defaults and under `reroll=True`:
+
+- within the contract against `jax.jit` (`clients.assert_result`), with no fallback;
+- never worse (issue 23's promise): run <= 1.05x jax.jit, compile (trace + rewrite + lower +
+  compile, fresh caches) <= 1.10x unless the run is >= 1.5x faster. Measured in paired rounds
+  with a second `jax.jit` as the A/A control; each bound is widened by how far the A/A control
+  was from 1 in the same rounds, and a miss is measured again, with more rounds, before it
+  counts.
+
+Each program and direction is compiled and measured once (all four variants in the same rounds)
+and the contract is checked on the executables measured: the whole step has to stay within a
+few minutes on a 2-core machine.
+"""
+import pytest
+
+import corpus  # bench/corpus.py, put on sys.path by conftest.py
+
+pytestmark = [pytest.mark.corpus,
+              # the libraries' own warnings, the same under jax.jit (bench/corpus.quiet)
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning"),
+              pytest.mark.filterwarnings("ignore:Explicitly requested dtype:UserWarning")]
+
+# Rows that miss the promise on main today, each with its open cause (issue 23 parts 1-2); they
+# become passes when the causes are fixed (strict=False: an XPASS is not an error).
+_SELECT = ("a static .at[].set becomes broadcast_in_dim + select_n with no cost check (gathers "
+           "pass; issue 23 part 1): measured on main")
+_REROLL = ("reroll=True rolls layers with no cost check (issue 23 part 2): measured on main")
+KNOWN_SLOW: dict[tuple[str, str, str], str] = {
+    ("jumanji_rubiks_cube", "forward", "defaults"): f"{_SELECT}: 18 face turns, run 1.31-1.34x",
+    ("jumanji_rubiks_cube", "forward", "reroll"): f"{_SELECT}: 18 face turns, run 1.30-1.35x",
+    # explain(): XLA compiles the rewritten step slower (276 -> 334 ms; fusions 18 -> 15 after
+    # gathers 2 + movement 6): no compile-time cost check on those rewrites (issue 23 part 1)
+    ("jumanji_sudoku", "forward", "defaults"): "XLA compile of the rewritten step 1.21x "
+        "(gathers/movement rewrites with no compile-time cost, issue 23 part 1): compile 1.36x",
+    ("jumanji_sudoku", "forward", "reroll"): "XLA compile of the rewritten step 1.21x "
+        "(gathers/movement rewrites with no compile-time cost, issue 23 part 1): compile 1.25x",
+    # explain(): fold takes 76 of the rewrite's 93 ms, and XLA's compile 1.10x
+    ("jumanji_game_2048", "forward", "defaults"): "fold pass 76 ms + XLA compile 1.10x of the "
+        "rewritten step, no compile-time cost check (issue 23 part 1): compile 1.11-1.15x",
+    ("netket_gcnn", "forward", "reroll"): f"{_REROLL}: run 1.16x, compile 1.12-1.35x",
+    ("netket_gcnn", "grad", "reroll"): f"{_REROLL}: run 1.11-1.46x, compile 1.19-1.24x",
+    ("e3nn_network", "grad", "reroll"): f"{_REROLL}: compile 1.16-1.17x",
+}
+
+ROWS = [(make, direction, options) for make in corpus.PROGRAMS
+        for direction in corpus.directions(make) for options in corpus.OPTIONS]
+
+_built: dict = {}
+_measured: dict = {}
+
+
+def program(make):
+    if make not in _built:
+        _built[make] = make()
+    return _built[make]
+
+
+def measured(make, direction, again: bool = False):
+    """The variants' times and executables for one program and direction (quick rounds; `again`:
+    a second measurement with more rounds, replacing the first)."""
+    key = (make, direction)
+    if again or key not in _measured:
+        _measured.pop(key, None)
+        rounds, samples = (5, 21) if again else (3, 11)
+        _measured[key] = corpus.measure(program(make), direction, rounds=rounds, samples=samples)
+    return _measured[key]
+
+
+def _param(make, direction, options):
+    reason = KNOWN_SLOW.get((make.__name__, direction, options))
+    marks = pytest.mark.xfail(reason=reason, strict=False) if reason else ()
+    return pytest.param(make, direction, options, id=f"{make.__name__}-{direction}-{options}",
+                        marks=marks)
+
+
+def test_rows_cover_every_program_and_direction():
+    """ROWS (from `corpus.directions`, without building) are the built programs' own
+    directions, both options sets."""
+    expected = {(make, d, o) for make in corpus.PROGRAMS for d in program(make).directions()
+                for o in corpus.OPTIONS}
+    assert set(ROWS) == expected and len(ROWS) == len(expected)
+    assert len(corpus.PROGRAMS) >= 8
+    assert len({program(make).library for make in corpus.PROGRAMS}) >= 4
+
+
+@pytest.mark.parametrize("make,direction,options",
+                         [pytest.param(*r, id=f"{r[0].__name__}-{r[1]}-{r[2]}") for r in ROWS])
+def test_within_contract(make, direction, options, record_property):
+    """Checked on the measured executables: no fallback, something rewritten, results within
+    the contract."""
+    p = program(make)
+    c = corpus.check(p, direction, options, measured(make, direction))
+    record_property("rewrites", dict(c["rewrites"]))
+    assert c["rewrites"], f"{p.name} {direction} {options}: nothing rewritten, nothing compared"
+    assert c["diff_eps"] <= corpus.clients.testing.CONTRACT_ULPS
+
+
+@pytest.mark.parametrize("make,direction,options", [_param(*r) for r in ROWS])
+def test_never_worse(make, direction, options, record_property):
+    """Within the promise, the A/A spread as slack; a miss is measured again (rows in
+    KNOWN_SLOW are not: their miss is known)."""
+    r = corpus.ratios(measured(make, direction), options)
+    known = (make.__name__, direction, options) in KNOWN_SLOW
+    if corpus.verdict(r, slack=True) != "ok" and not known:
+        r = corpus.ratios(measured(make, direction, again=True), options)
+    record_property("ratios", r)
+    miss = corpus.verdict(r, slack=True)
+    assert miss == "ok", (f"{program(make).name} {direction} {options}: {miss} (A/A run "
+                          f"{r['run_aa']:.2f}x, compile {r['compile_aa']:.2f}x)")
