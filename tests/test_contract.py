@@ -76,7 +76,7 @@ def test_gathers_move_float_rounding_within_the_contract():
     opt = jaxrewrite.optimize(kinematics_like)(A, B, C)
     ref = jax.jit(kinematics_like)(A, B, C)
     # the gather became a rev: XLA rounds the product first (0 here would mean optimize became
-    # bit-exact on this case: then README's Exactness example needs another one)
+    # bit-exact on this case: then docs/design.md's float-rounding example needs another one)
     assert _differing(opt, ref) > 0
     assert primitive_counts(jaxrewrite.make_jaxpr(kinematics_like)(A, B, C)).get("gather", 0) == 0
     assert _differing(jaxrewrite.optimize(kinematics_like, gathers=False)(A, B, C), ref) == 0
@@ -119,7 +119,7 @@ def test_cse_moves_gradient_rounding_within_the_contract():
     ref = _grad_through(jax.jit)
     opt = _grad_through(jaxrewrite.optimize)
     # another summation order of the merged values' cotangents (0 would mean CSE became
-    # gradient-exact here: then README's Exactness example needs another one)
+    # gradient-exact here: then docs/design.md's float-rounding example needs another one)
     assert _differing(opt, ref) > 0
     no_cse = _grad_through(lambda f: jaxrewrite.optimize(f, cse=False))
     assert _differing(no_cse, ref) == 0
