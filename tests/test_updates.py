@@ -149,3 +149,10 @@ def test_an_update_whose_index_was_not_folded_says_why():
     res = _rewrite(f, x, fold=False, target="gpu")
     assert _updates(res.jaxpr) == 1
     assert any(d.pass_name == "gathers" and "fold=False" in d.reason for d in res.report.declines)
+
+
+def test_gathers_off_keeps_updates_even_where_scalarize_splits():
+    fn = jax.vmap(_lfsr)
+    L = np.random.default_rng(2).integers(0, 2 ** 32, (4096, 8), dtype=np.uint32)
+    res = _rewrite(fn, L, target="cpu", gathers=False)
+    assert _updates(res.jaxpr) == 16

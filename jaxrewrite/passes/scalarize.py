@@ -986,9 +986,9 @@ def expand_updates(jaxpr, ctx):
         after:   k = select_n(broadcast(hit), b, broadcast(i))   → pieces: k_7 = i, k_j = b_j
     """
     costs = _cost.costs(ctx.target)
-    if costs.update_form == "select" or not any(e.primitive.name in _updates.UPDATES
-                                                 for e in jaxpr.eqns):
-        return None   # (there the gathers pass already made the select form)
+    if not ctx.options.gathers or costs.update_form == "select" or not any(
+            e.primitive.name in _updates.UPDATES for e in jaxpr.eqns):
+        return None   # (gathers=False: updates as written; "select": the gathers pass made it)
     cache = getattr(ctx, "cache", None)
     program = _update_program(cache)
     small = max(costs.max_axis, costs.cost_axis)
