@@ -38,8 +38,9 @@ sys.path.insert(0, HERE)
 import _common  # noqa: E402
 
 KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
-# (never_worse: a tool for one generated program at a time, with no table of its own)
-_NOT_BENCHES = {"run", "never_worse"}
+# (never_worse: a tool for one generated program at a time, with no table of its own; keccak:
+# the programs bench/permutations.py --keccak measures)
+_NOT_BENCHES = {"run", "never_worse", "keccak"}
 
 
 def discover(only: list[str] | None) -> list[str]:
