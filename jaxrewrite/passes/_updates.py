@@ -105,7 +105,7 @@ class Update:
     lead: int = 0
 
 
-def _size(aval) -> int:
+def size(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64))
 
 
@@ -149,7 +149,7 @@ def index_atoms(eqn) -> list:
 
 def sizes(eqn) -> tuple[int, int]:
     """(operand elements, update elements) of a scatter or dynamic_update_slice."""
-    return _size(C.aval_of(eqn.invars[0])), _size(C.aval_of(
+    return size(C.aval_of(eqn.invars[0])), size(C.aval_of(
         eqn.invars[1] if eqn.primitive.name == "dynamic_update_slice" else eqn.invars[2]))
 
 
@@ -192,7 +192,7 @@ def _dynamic_update_slice(eqn, value_of, fold_limit):
     xa, ua = C.aval_of(x), C.aval_of(upd)
     if is_extended(xa.dtype):
         raise Decline("dynamic_update_slice of an extended dtype")
-    if _size(xa) > fold_limit:
+    if size(xa) > fold_limit:
         raise Decline(f"operand above fold_limit={fold_limit} elements")
     lo = clamped_starts(vals, xa.shape, ua.shape)
     # leading dims the update covers whole (start 0) pass through, as a scatter's
@@ -270,8 +270,13 @@ def emit_select(eqn, u: Update, program: Callable, ops=LAX_OPS) -> _walk.Replace
         build = jax.vmap(build)
     em = _walk.Emitter(eqn)
     y, = em.call(build, u.x, u.upd)
-    a, b = eqn.outvars[0].aval, C.aval_of(y)
+    check_aval(eqn.outvars[0], y)
+    return em.replacement([y])
+
+
+def check_aval(old, new_atom):
+    """`Decline` unless the rewritten value has the old one's shape, dtype and weak type."""
+    a, b = old.aval, C.aval_of(new_atom)
     if (a.shape, a.dtype, getattr(a, "weak_type", False)) != \
             (b.shape, b.dtype, getattr(b, "weak_type", False)):
         raise Decline(f"rewritten form has aval {b}, not {a}")
-    return em.replacement([y])

@@ -56,12 +56,9 @@ WIDE_DIM = U.WIDE_DIM
 
 
 LAX_OPS = U.LAX_OPS
-
-
-def _size(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64))
-
-
+# (shared with passes/scalarize.py's use of static updates: passes/_updates.py)
+_size = U.size
+_check_aval = U.check_aval
 _is_extended = U.is_extended
 _reduced_mask = U.reduced_mask
 _tagged = U.tagged
@@ -262,13 +259,6 @@ def _batched(fn, wide: dict, rank: int):
             perm_out[j] = len(pairs) + k
         return y if perm_out == list(range(n)) else lax.transpose(y, perm_out)
     return mapped
-
-
-def _check_aval(old, new_atom):
-    a, b = old.aval, C.aval_of(new_atom)
-    if (a.shape, a.dtype, getattr(a, "weak_type", False)) != \
-            (b.shape, b.dtype, getattr(b, "weak_type", False)):
-        raise Decline(f"rewritten form has aval {b}, not {a}")
 
 
 def _dynamic_slice(eqn, ctx, statics):
