@@ -46,6 +46,22 @@ def _several(x):                    # several updates in a row, on several axes
 
 _helper = jax.jit(_several)
 
+# a face turn's ring of stickers as a constant table repeated per cube: a scatter with batching
+# dims (the form Jumanji's RubiksCube reaches once its tables are folded)
+_RING = np.stack([np.array([0, 0, 0, 1, 1, 1, 4, 4, 4, 5, 5, 5]), np.array([0] * 6 + [2] * 6),
+                  np.array([0, 1, 2] * 4)], -1)
+_RING_DN = lax.ScatterDimensionNumbers(
+    update_window_dims=(), inserted_window_dims=(1, 2, 3), scatter_dims_to_operand_dims=(1, 2, 3),
+    operand_batching_dims=(0,), scatter_indices_batching_dims=(0,))
+
+
+def _ring(c):
+    n = c.shape[0]
+    table = np.broadcast_to(_RING, (n, 12, 3))
+    moved = jnp.roll(c.reshape(n, 54)[:, :12], 3, axis=1)
+    return lax.scatter(c, table, moved, _RING_DN, mode="drop")
+
+
 CASES = {
     # name: (fn, make(batch) -> args)
     "face turn, vmap": (jax.vmap(_face),
@@ -59,6 +75,9 @@ CASES = {
     "register shift, leading batch axis": (
         lambda L: L.at[:, 2].set(L[:, 0] ^ (L[:, 3] >> 1)),
         lambda n: (np.arange(n * 5, dtype=np.uint32).reshape(n, 5),)),
+    "ring of stickers by a table, batching dims": (_ring,
+                                         lambda n: (np.random.default_rng(1).integers(
+                                             0, 6, (n, 6, 3, 3), dtype=np.int8),)),
     "several updates, vmap": (jax.vmap(_several),
                               lambda n: (np.arange(n * 16, dtype=np.int32).reshape(n, 4, 4),)),
     "several updates, jitted helper": (jax.vmap(lambda x: _helper(x) + 1),
@@ -156,3 +175,17 @@ def test_gathers_off_keeps_updates_even_where_scalarize_splits():
     L = np.random.default_rng(2).integers(0, 2 ** 32, (4096, 8), dtype=np.uint32)
     res = _rewrite(fn, L, target="cpu", gathers=False)
     assert _updates(res.jaxpr) == 16
+
+
+def test_a_vmapped_table_scatter_is_mapped_per_element():
+    """A scatter whose batching dims carry one table repeated per element is mapped for one
+    element (54 entries, not 4,096 x 54) and the batch passes through; a table that differs per
+    element, or a batch too small to matter, is mapped whole."""
+    from jaxrewrite.analysis import indexmap as IM
+    table = np.broadcast_to(_RING, (4096, 12, 3))
+    k, xs, us, core = IM.scatter_batch_core((4096, 6, 3, 3), (4096, 12), table, _RING_DN, 64)
+    assert (k, xs, us, core.shape) == (1, (1, 6, 3, 3), (1, 12), (1, 12, 3))
+    other = table.copy()
+    other[7, 0] = (2, 1, 1)
+    assert IM.scatter_batch_core((4096, 6, 3, 3), (4096, 12), other, _RING_DN, 64) is None
+    assert IM.scatter_batch_core((64, 6, 3, 3), (64, 12), table[:64], _RING_DN, 64) is None

@@ -177,6 +177,33 @@ def scatter_window_core(operand_shape, updates_shape, dimension_numbers, big: in
     return k, xs, us
 
 
+def scatter_batch_core(operand_shape, updates_shape, indices: np.ndarray, dimension_numbers,
+                       big: int):
+    """(k, operand core shape, updates core shape, indices core) of a scatter whose leading dims
+    0..k-1 are batching dims (`operand_batching_dims` and `scatter_indices_batching_dims` pair
+    them with indices and updates dims 0..k-1) along which the indices are all the same: a
+    vmapped `x.at[table].set(v)` with a constant table. Such dims are identity-mapped as in
+    `scatter_window_core`, so the map is one batch element's (the indices' first row along them);
+    None where there are none, or they hold no more than `big` elements.
+    """
+    uwd, obatch, ibatch = _dn(dimension_numbers, "update_window_dims", "operand_batching_dims",
+                              "scatter_indices_batching_dims")
+    pairs = dict(zip(obatch, ibatch))
+    idx = np.asarray(indices)
+    k = 0
+    while (pairs.get(k) == k and k not in uwd and k < idx.ndim - 1 and k < len(updates_shape)
+           and int(operand_shape[k]) == int(updates_shape[k]) == int(idx.shape[k]) < 2 ** 31):
+        k += 1
+    if k == 0 or int(np.prod(operand_shape[:k], dtype=np.int64)) <= big:
+        return None
+    core = idx[(slice(0, 1),) * k]
+    if not np.all(idx == core):
+        return None  # a different table per batch element: the map is the whole batch's
+    xs = (1,) * k + tuple(int(n) for n in operand_shape[k:])
+    us = (1,) * k + tuple(int(n) for n in updates_shape[k:])
+    return k, xs, us, core
+
+
 def gather_map(operand_shape, start_indices: np.ndarray, dimension_numbers, slice_sizes,
                mode) -> np.ndarray:
     """The source map of `lax.gather(operand, start_indices, dimension_numbers, slice_sizes, mode)`.

@@ -34,6 +34,7 @@ from .. import _compat as C
 
 # Literals/params with at most this many elements are keyed by their bytes inline; larger ones
 # by a `_Const` (content digest as hash, full byte comparison as equality).
+_HASH_SAMPLE = 4096   # elements of a large constant its hash reads
 _INLINE_ELEMENTS = 64
 
 
@@ -78,8 +79,13 @@ class _Const:
 
     def __hash__(self):
         if self._hash is None:
-            digest = hashlib.blake2b(self.data(), digest_size=16).digest()
-            self._hash = hash((self.meta, digest))
+            # an evenly spaced sample: hashing whole folded tables (RubiksCube: megabytes) was
+            # most of cse's time; equality still compares every byte
+            flat = np.asarray(self.value).reshape(-1)
+            if flat.size > _HASH_SAMPLE:
+                flat = flat[::flat.size // _HASH_SAMPLE]
+            sample = np.ascontiguousarray(flat).tobytes()
+            self._hash = hash((self.meta, hashlib.blake2b(sample, digest_size=16).digest()))
         return self._hash
 
     def __eq__(self, other):

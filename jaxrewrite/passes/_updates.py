@@ -175,6 +175,8 @@ def static_update(eqn, value_of: Callable, fold_limit: int, cache=None) -> Updat
     dn = p["dimension_numbers"]
     # the map of one window: leading dims every update window covers whole pass through
     lead, xs, us = IM.scatter_window_core(xa.shape, ua.shape, dn, WIDE_DIM)
+    if not lead and (batch := IM.scatter_batch_core(xa.shape, ua.shape, idx, dn, WIDE_DIM)):
+        lead, xs, us, idx = batch  # (RubiksCube's vmapped face turns: 221,184 entries -> 54)
     # (the limit bounds the map, which leaves those dims out: a vmapped `.at[0].set` of
     # 65,536 x 25 lanes maps 25)
     if np.prod(xs, dtype=np.int64) > fold_limit or np.prod(us, dtype=np.int64) > fold_limit:

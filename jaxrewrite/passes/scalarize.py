@@ -232,7 +232,8 @@ def slice_emit(b: Builder, eqn, info):
     limit = eqn.params["limit_indices"]
     strides = eqn.params["strides"] or (1,) * len(shape)
     P = b.get_parts(x, axes)
-    P = P[tuple(slice(start[d], limit[d], strides[d]) for d in axes)]
+    if axes:  # (indexing a 0-d object array by () would return its atom, not an array)
+        P = P[tuple(slice(start[d], limit[d], strides[d]) for d in axes)]
     rest = [d for d in range(len(shape)) if d not in axes]
     full = all(start[d] == 0 and limit[d] == shape[d] and strides[d] == 1 for d in rest)
     Q = each_piece(P.shape, lambda idx: P[idx] if full else b.bind1(
@@ -437,7 +438,8 @@ def rev_emit(b: Builder, eqn, info):
     axes = b.chosen.get(out, ())
     dims = eqn.params["dimensions"]
     P = b.get_parts(x, axes)
-    P = P[tuple(slice(None, None, -1) if d in dims else slice(None) for d in axes)]
+    if axes:  # (as in slice_emit: a 0-d object array stays an array)
+        P = P[tuple(slice(None, None, -1) if d in dims else slice(None) for d in axes)]
     pos = rest_positions(len(shape_of(x)), axes)
     rest = tuple(pos[d] for d in dims if d not in axes)
     return [(axes, each_piece(P.shape, lambda idx: b.bind1(
