@@ -590,6 +590,16 @@ def switch_value():
     return state.value if state is not None else None
 
 
+# The hook point and the config state's `include_in_trace_context` are JAX >= 0.9's (read from the
+# jax-v0.7.0 ... v0.10.2 tags: `_trace_for_jit` first appears in 0.9.0).
+SWITCH_MIN_JAX = (0, 9, 0)
+
+
+def has_jit_trace_hook() -> bool:
+    from jax._src import pjit as _pjit
+    return callable(getattr(_pjit, "_trace_for_jit", None))
+
+
 def hook_jit_trace(hook: Callable) -> bool:
     """Route every `jax.jit` trace through `hook(trace, fun, jit_info)`, where `trace(g)` traces
     `g` in `fun`'s place, exactly as JAX would have traced `fun`. Installed once; False if this

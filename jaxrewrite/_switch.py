@@ -137,6 +137,11 @@ def _set(setter, value):
     global _HOOKED
     with _LOCK:
         if not _HOOKED:
+            if not C.has_jit_trace_hook():
+                raise RuntimeError(
+                    f"jaxrewrite's switch needs jax >= {'.'.join(map(str, C.SWITCH_MIN_JAX))} "
+                    f"(its jit trace hook); this is jax {'.'.join(map(str, C.JAX_VERSION))}: "
+                    f"use optimize()")
             try:
                 C.switch_install()
                 hooked = C.hook_jit_trace(_trace)

@@ -611,3 +611,15 @@ def test_optimized_program_in_jits_trace_keeps_lines_names_and_effects():
     assert outer.effects == ref.effects
     assert [e.primitive.name for e in outer.jaxpr.eqns if e.effects] == \
         [e.primitive.name for e in ref.jaxpr.eqns if e.effects]
+
+
+@pytest.mark.skipif(C.has_jit_trace_hook(), reason="this JAX has the hook: tests/test_switch.py")
+def test_switch_on_a_jax_without_its_hook_says_so_and_changes_nothing():
+    """On JAX older than 0.9 (the declared floor, 0.7.0) the switch has no jit trace to hook:
+    `enable()` raises, naming the version it needs, and jax.jit runs as it did."""
+    with pytest.raises(RuntimeError, match=r"needs jax >= 0\.9"):
+        jaxrewrite.enable()
+    assert not jaxrewrite.is_enabled()
+    x = jnp.arange(4.0)
+    assert_bitwise_equal(jax.jit(lambda x: x[::-1] * 2)(x), x[::-1] * 2)
+    assert_bitwise_equal(jaxrewrite.optimize(lambda x: x[::-1] * 2)(x), x[::-1] * 2)
