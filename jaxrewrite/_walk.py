@@ -269,6 +269,10 @@ class Emitter:
         gradient's row reads: k x leaves of them). Operands varying over manual axes trace
         under this equation's context, as in `call`."""
         avals = tuple(C.aval_of(a) for a in atoms)
+        try:
+            hash(static)
+        except TypeError:  # an unhashable static argument: traced for this use alone
+            return self.call(lambda *xs: fun(*xs, *static), *atoms)
         if any(C.is_varying(a) for a in avals):
             return self.call(lambda *xs: fun(*xs, *static), *atoms)
         return self.inline(_traced(fun, avals, tuple(static)), atoms)

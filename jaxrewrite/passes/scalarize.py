@@ -689,11 +689,11 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
         uf.find(g[0])  # lone nodes are components of their own
     for n in list(uf.parent):
         members.setdefault(uf.find(n), []).append(n)
-    accepted, pieces = set(), {}
+    accepted, rejected, pieces = set(), set(), {}
     for s in seeds:
         r = uf.find(s)
-        if r in accepted:
-            continue
+        if r in accepted or r in rejected:
+            continue  # (pieces only grow: a class too big once stays too big)
         grow: dict = {}
         for var, d in members[r]:
             grow[var] = grow.get(var, 1) * shape_of(var)[d]
@@ -701,6 +701,8 @@ def analyse(jaxpr, costs, limit, cache: dict | None = None) -> Analysis:
             accepted.add(r)
             for v, g in grow.items():
                 pieces[v] = pieces.get(v, 1) * g
+        else:
+            rejected.add(r)
     chosen: dict = {}
     for r in accepted:
         for var, d in members[r]:
