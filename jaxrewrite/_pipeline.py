@@ -23,6 +23,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
    code (dedup).)
 7. reroll     - chains of identical calls, and runs of repeated inline code (outlined first,
                 `passes/outline.py`), become `lax.scan` (once, at the end; off by default).
+8. tile       - (CPU) a batch-independent program whose loop state exceeds the cache runs as a
+                loop over tiles of its batch axis, its loops inside (once, at the end).
 
 If a pass raises, `rewrite` returns the original program and one warning naming the pass;
 with `strict=True` the error propagates.
@@ -81,6 +83,8 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("dedup", "dedup", True, enables=("cse",), makes_dead_code=False),
     PassSpec("cse", "cse", True),
     PassSpec("reroll", "reroll", False),
+    # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
+    PassSpec("tile", "tile", False),
 )
 
 
