@@ -75,14 +75,20 @@ def _one_axis(eqn, axes) -> int | None:
 
 
 def _aligned(eqn, axes, st, top):
-    """Operands used element for element (same shape apart from scalars): one batch axis; a
-    batch-sized operand that does not depend on the batch is sliced per tile."""
+    """Operands used element for element (same shape apart from scalars and size-1 axes, which
+    JAX broadcasts): one batch axis; a batch-sized operand that does not depend on the batch is
+    sliced per tile."""
     a = _one_axis(eqn, axes)
     slices = {}
     if a is not None:
         for k, (v, ax) in enumerate(zip(eqn.invars, axes)):
-            if ax is None and C.aval_of(v).shape:
-                slices[k] = a
+            shape = C.aval_of(v).shape
+            if ax is not None or not shape or shape[a] == 1:  # (size 1: broadcast implicitly)
+                continue
+            if shape[a] != st.B:
+                raise Decline(f"{eqn.primitive.name}: an operand of {shape[a]} along the "
+                              f"batch axis")
+            slices[k] = a
     return [a] * len(eqn.outvars), slices
 
 
@@ -212,6 +218,26 @@ def _rule_dot(eqn, axes, st):
     return [None], {}
 
 
+def _rule_gather(eqn, axes, st):
+    """A gather acting on other axes: the operand's batch axis taken whole (an offset
+    dimension), or the indices batched and the operand not (a table read per element)."""
+    a, c = axes
+    dn = eqn.params["dimension_numbers"]
+    if a is not None and c is not None:
+        raise Decline("gather with batched operand and indices")
+    if a is not None:
+        if (a in dn.start_index_map or a in dn.collapsed_slice_dims
+                or a in dn.operand_batching_dims or eqn.params["slice_sizes"][a] != st.B):
+            raise Decline("gather indexes the batch axis")
+        kept = [d for d in range(len(eqn.params["slice_sizes"]))
+                if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+        return [dn.offset_dims[kept.index(a)]], {}
+    if c == len(C.aval_of(eqn.invars[1]).shape) - 1 or dn.operand_batching_dims:
+        raise Decline("gather with batched index vectors")
+    rank = len(C.aval_of(eqn.outvars[0]).shape)
+    return [[d for d in range(rank) if d not in dn.offset_dims][c]], {}
+
+
 def _rule_scan(eqn, axes, st):
     p = eqn.params
     nc, nk = p["num_consts"], p["num_carry"]
@@ -300,6 +326,7 @@ RULES = {
     "split": _not_along("axis", "splits along"),
     "stack": _rule_stack,
     "dot_general": _rule_dot,
+    "gather": _rule_gather,
     "scan": _rule_scan,
     "while": _rule_while,
     "cond": _rule_cond,
@@ -318,6 +345,8 @@ def _eqn_axes(eqn, axes, st, top):
     """(result axes, operands to slice per tile) of one equation."""
     if C.has_effects(eqn) or C.is_stateful(eqn):
         raise Decline(f"{eqn.primitive.name} has effects")
+    if top and _generator(eqn, st.B):
+        return [eqn.params["dimension"]], {}
     if all(a is None for a in axes) and eqn.primitive.name not in ("scan", "while", "cond",
                                                                     "jit", "pjit"):
         return [None] * len(eqn.outvars), {}
@@ -377,6 +406,10 @@ def _params(eqn, axes, outs, st):
         lim = list(p["limit_indices"])
         lim[axes[0]] = T
         p["limit_indices"] = tuple(lim)
+    elif name == "gather" and axes[0] is not None:
+        sizes = list(p["slice_sizes"])
+        sizes[axes[0]] = T
+        p["slice_sizes"] = tuple(sizes)
     elif name == "scan":
         nc, nk = p["num_consts"], p["num_carry"]
         # the carry at its settled axes (a batch-sized initial value comes in sliced)
@@ -416,13 +449,13 @@ def _rebuild(cj, in_axes, st):
     return out
 
 
-def _rebuild_eqns(eqns, env, axes, st, sliced):
+def _rebuild_eqns(eqns, env, axes, st, sliced, top=False):
     """`eqns` at tile size: `env` maps old vars to new ones, `axes` old vars to batch axes;
     `sliced[(var, axis)]` is the per-tile slice of a batch-sized unbatched value (top level)."""
     out = []
     for eqn in eqns:
         in_axes = [_read(axes, v) for v in eqn.invars]
-        outs, slices = _eqn_axes(eqn, in_axes, st, top=True)  # (checked by the analysis)
+        outs, slices = _eqn_axes(eqn, in_axes, st, top)  # (checked by the analysis)
         invars = []
         for k, v in enumerate(eqn.invars):
             if k in slices:
@@ -514,10 +547,12 @@ def _emit(cj, plan, T):
     B = plan.B
     st = _State(B, T)
     ready = set(j.constvars) | {v for v, a in zip(j.invars, plan.in_axes) if a is None}
-    pro, body, slice_keys = [], [], []
+    pro, body, slice_keys, gens = [], [], [], []
     for eqn in j.eqns:
         outs, slices = plan.record[eqn]
-        if all(C.is_literal(v) or v in ready for v in eqn.invars) and \
+        if _generator(eqn, B):
+            gens.append(eqn)
+        elif all(C.is_literal(v) or v in ready for v in eqn.invars) and \
                 all(a is None for a in outs):
             pro.append(eqn)
             ready.update(eqn.outvars)
@@ -540,14 +575,17 @@ def _emit(cj, plan, T):
     b_in = [C.new_var(_tile_aval(v.aval, a, T)) for v, a in batched_in]
     u_in = [C.new_var(v.aval) for v in uniform_in]
     s_in = [C.new_var(_tile_aval(v.aval, a, T)) for v, a in slice_keys]
+    g_in = [C.new_var(_tile_aval(e.outvars[0].aval, e.params["dimension"], T)) for e in gens]
+    env.update({e.outvars[0]: n for e, n in zip(gens, g_in)})
+    axes.update({e.outvars[0]: e.params["dimension"] for e in gens})
     env.update({v: n for (v, _), n in zip(batched_in, b_in)})
     env.update(zip(uniform_in, u_in))
     axes.update(dict(batched_in))
     axes.update({v: None for v in uniform_in})
     sliced = {k: n for k, n in zip(slice_keys, s_in)}
-    eqns = _rebuild_eqns(body, env, axes, st, sliced)
+    eqns = _rebuild_eqns(body, env, axes, st, sliced, top=True)
     outvars = [env[v] for v, _ in batched_out]
-    body_cj = C.closed(C.new_jaxpr(b_in + u_in + s_in, eqns, outvars, name="tile"))
+    body_cj = C.closed(C.new_jaxpr(b_in + u_in + s_in + g_in, eqns, outvars, name="tile"))
     pro_outs = list(dict.fromkeys(uniform_in + [v for v, a in out_axes.items()
                                                 if a is None and not C.is_literal(v)
                                                 and v in ready]))
@@ -564,7 +602,8 @@ def _emit(cj, plan, T):
             off = i * T
             xs = [lax.dynamic_slice_in_dim(vals[v], off, T, a) for v, a in batched_in]
             ss = [lax.dynamic_slice_in_dim(vals[v], off, T, a) for v, a in slice_keys]
-            ys = C.eval_jaxpr(body_cj, *xs, *[vals[v] for v in uniform_in], *ss)
+            gs = [_iota_tile(e, T, off) for e in gens]
+            ys = C.eval_jaxpr(body_cj, *xs, *[vals[v] for v in uniform_in], *ss, *gs)
             return [lax.dynamic_update_slice_in_dim(b, y, off, a)
                     for b, y, (_, a) in zip(bufs, ys, batched_out)]
 
@@ -574,6 +613,21 @@ def _emit(cj, plan, T):
                 for v in j.outvars]
 
     return C.trace_avals(tiled, [v.aval for v in j.invars])
+
+
+def _iota_tile(eqn, T, off):
+    """Tile `off // T` of a generator (an iota along the batch axis): iota at T + offset."""
+    aval, a = eqn.outvars[0].aval, eqn.params["dimension"]
+    shape = list(aval.shape)
+    shape[a] = T
+    return lax.broadcasted_iota(aval.dtype, tuple(shape), a) + off.astype(aval.dtype)
+
+
+def _generator(eqn, B) -> bool:
+    """An integer iota along an axis of the batch size: element i is i (made per tile)."""
+    p = eqn.params
+    return (eqn.primitive.name == "iota" and p["shape"][p["dimension"]] == B
+            and p.get("sharding") is None and np.issubdtype(p["dtype"], np.integer))
 
 
 def run(cj, ctx):
