@@ -384,6 +384,11 @@ def _analyze(jaxpr, in_axes, st, top=False, record=None):
 
 # --- rebuild at tile size T --------------------------------------------------------------------
 
+def _key(atom):
+    """A dict key for a var or a literal (literals are not hashable)."""
+    return ("literal", id(atom)) if C.is_literal(atom) else atom
+
+
 def _tile_aval(aval, a, T):
     shape = list(aval.shape)
     shape[a] = T
@@ -459,7 +464,7 @@ def _rebuild_eqns(eqns, env, axes, st, sliced, top=False):
         invars = []
         for k, v in enumerate(eqn.invars):
             if k in slices:
-                invars.append(sliced[(v, slices[k])])
+                invars.append(sliced[(_key(v), slices[k])])
             else:
                 invars.append(v if C.is_literal(v) else env[v])
         if all(a is None for a in in_axes) and all(a is None for a in outs) and \
@@ -559,7 +564,7 @@ def _emit(cj, plan, T):
         else:
             body.append(eqn)
             for k, a in slices.items():
-                if (eqn.invars[k], a) not in slice_keys and not C.is_literal(eqn.invars[k]):
+                if not any(_key(v) == _key(eqn.invars[k]) and b == a for v, b in slice_keys):
                     slice_keys.append((eqn.invars[k], a))
     out_axes = dict(zip(j.outvars, plan.out_axes))
     for v, a in out_axes.items():
@@ -582,7 +587,7 @@ def _emit(cj, plan, T):
     env.update(zip(uniform_in, u_in))
     axes.update(dict(batched_in))
     axes.update({v: None for v in uniform_in})
-    sliced = {k: n for k, n in zip(slice_keys, s_in)}
+    sliced = {(_key(v), a): n for (v, a), n in zip(slice_keys, s_in)}
     eqns = _rebuild_eqns(body, env, axes, st, sliced, top=True)
     outvars = [env[v] for v, _ in batched_out]
     body_cj = C.closed(C.new_jaxpr(b_in + u_in + s_in + g_in, eqns, outvars, name="tile"))
@@ -599,9 +604,10 @@ def _emit(cj, plan, T):
         vals.update(zip(pro_outs, C.eval_jaxpr(pro_cj, *[vals[v] for v in pro_in])))
 
         def step(i, bufs):
-            off = i * T
+            off = (i * T).astype(np.uint32)  # (unsigned: no negative-index fix-up per slice)
             xs = [lax.dynamic_slice_in_dim(vals[v], off, T, a) for v, a in batched_in]
-            ss = [lax.dynamic_slice_in_dim(vals[v], off, T, a) for v, a in slice_keys]
+            ss = [lax.dynamic_slice_in_dim(C.literal_value(v) if C.is_literal(v) else vals[v],
+                                           off, T, a) for v, a in slice_keys]
             gs = [_iota_tile(e, T, off) for e in gens]
             ys = C.eval_jaxpr(body_cj, *xs, *[vals[v] for v in uniform_in], *ss, *gs)
             return [lax.dynamic_update_slice_in_dim(b, y, off, a)

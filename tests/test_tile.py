@@ -1,0 +1,210 @@
+"""Tiling the batch axis (passes/tile.py): a loop over tiles with the rounds loop inside, bit for
+bit jax.jit's results, and the declines (the axis not independent, the state fits the cache, the
+GPU). The CPU's cache is set small here (`small_cache`) so programs of a few thousand elements
+tile and the tests stay fast."""
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxrewrite
+from jaxrewrite import _walk
+from jaxrewrite.backend import cost as _cost
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import permutations as P  # noqa: E402
+
+OPTS = dict(strict=True, debug_checks=True)
+
+
+@pytest.fixture
+def small_cache(monkeypatch):
+    """A 4 KiB cache: a tile's carry may take 1 KiB (ChaCha20: 64 B a block, tiles of 16)."""
+    monkeypatch.setitem(_cost.COSTS, "cpu", dataclasses.replace(
+        _cost.COSTS["cpu"], tile_cache_bytes=4096, tile_budget=0.25, tile_min=8))
+
+
+def _blocks(n):
+    return jnp.asarray(np.random.default_rng(n).integers(0, 2**32, (n, 4, 4), dtype=np.uint32))
+
+
+def _rewrite(fn, *args, **opts):
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **OPTS, **opts)
+
+
+def _tile_loops(cj):
+    """The top level's scans (the tile loop is one, the only loop there)."""
+    return [e for e in cj.jaxpr.eqns if e.primitive.name == "scan"]
+
+
+def _tile_events(report, applied=True):
+    return [e for e in (report.rewrites if applied else report.declines) if e.pass_name == "tile"]
+
+
+def _declined(fn, *args, **opts) -> str:
+    res = _rewrite(fn, *args, **opts)
+    assert not _tile_events(res.report), "tiled where it should have declined"
+    reasons = [e.reason for e in _tile_events(res.report, applied=False)]
+    assert len(reasons) == 1, reasons
+    return reasons[0]
+
+
+def _rounds(x, rounds=3):
+    """A 4-word ARX state in a rolled loop, as a vmapped function sees one element."""
+    def body(i, s):
+        return jnp.stack(P.quarter(s[0], s[1], s[2], s[3]))
+    return lax.fori_loop(0, rounds, body, x) + x
+
+
+# --- applied: structure and bits ------------------------------------------------------------
+
+def test_chacha_author_form_is_a_loop_over_tiles_with_the_rounds_inside(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    x = _blocks(1024)
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    res = _rewrite(f, x)
+    assert res.report.stats["tile"] == dict(T=16, B=1024, bytes_per_element=64)
+    (loop,) = _tile_loops(cj)
+    assert loop.params["length"] == 1024 // 16
+    inner = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "scan"]
+    assert [e.params["length"] for e in inner] == [10]          # the rounds loop, per tile
+    # inside the tile loop every value is at tile size, but the buffer a tile is written into
+    for e in _walk.iter_eqns(loop.params["jaxpr"]):
+        for v in e.outvars if e.primitive.name != "dynamic_update_slice" else ():
+            assert 1024 not in getattr(v.aval, "shape", ()), e.primitive.name
+    # the top level only slices tiles out and writes them back
+    counts = primitive_counts(loop.params["jaxpr"])
+    assert counts["dynamic_slice"] == 1 and counts["dynamic_update_slice"] == 1
+
+
+def test_split_carry_form_exact_and_rfc_vector(small_cache):
+    """ChaCha20 at 8,192 blocks: flatten splits the carry into 16 words first (pieces of at least
+    4,096), then the split loop is tiled; block 0 is RFC 8439's test vector."""
+    f = jax.vmap(P.chacha_loop("fori"))
+    x = np.array(_blocks(8192))
+    x[0] = P.RFC_STATE
+    out = np.asarray(jaxrewrite.optimize(f, **OPTS)(jnp.asarray(x)))
+    np.testing.assert_array_equal(out, np.asarray(jax.jit(f)(jnp.asarray(x))))
+    np.testing.assert_array_equal(out[0], P.RFC_OUT)
+    res = _rewrite(f, jnp.asarray(x))
+    assert res.report.stats["tile"]["T"] == 16
+    assert primitive_counts(res.jaxpr).get("gather", 0) == 0    # the split form, tiled
+    (loop,) = _tile_loops(res.jaxpr)
+    (rounds,) = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "scan"]
+    assert rounds.params["num_carry"] == 17                      # the counter and 16 words
+
+
+def test_explain_shows_the_tile_and_its_estimate(small_cache):
+    res = _rewrite(jax.vmap(P.chacha_loop("fori")), _blocks(1024))
+    (ev,) = _tile_events(res.report)
+    assert ev.after == ("scan",) and "T=16" in ev.reason and "KiB" in ev.reason
+
+
+def test_batch_not_a_multiple_of_the_preferred_tile(small_cache):
+    """1,000 = 8 x 125: the largest power of two dividing it is used; 1,001: none does."""
+    f = jax.vmap(_rounds)
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (1000, 4), dtype=np.uint32))
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    assert _tile_loops(cj)[0].params["length"] == 125
+    y = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (1001, 4), dtype=np.uint32))
+    assert "divides the batch of 1001" in _declined(f, y)
+
+
+def test_iota_along_the_batch_axis_is_made_per_tile(small_cache):
+    """A block counter from `jnp.arange`: iota at tile size plus the tile's offset."""
+    def f(x):
+        return jax.vmap(lambda i, s: _rounds(s + i))(jnp.arange(x.shape[0], dtype=jnp.uint32), x)
+    x = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    assert primitive_counts(cj)["iota"] == 1
+    (loop,) = _tile_loops(cj)
+    (iota,) = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "iota"]
+    assert iota.params["shape"] == (64,)                         # 16 B a lane: tiles of 64
+
+
+def test_while_cond_and_uniform_values(small_cache):
+    """A `while` whose condition reads only the counter, a `cond` on a value that does not
+    depend on the batch, and a batch-sized constant computed once and sliced per tile."""
+    table = np.arange(2048, dtype=np.uint32).reshape(512, 4) * 2654435761
+
+    def one(s, k):
+        def body(c):
+            i, s = c
+            s = lax.cond(k > 3, lambda s: s ^ (s << 3), lambda s: s + 1, s)
+            return i + 1, jnp.stack(P.quarter(s[0], s[1], s[2], s[3]))
+        return lax.while_loop(lambda c: c[0] < k, body, (0, s))[1]
+
+    def f(x, k):
+        return jax.vmap(one, in_axes=(0, None))(x + table, k)
+    x = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (512, 4), dtype=np.uint32))
+    for k in (2, 5):
+        cj = assert_equivalent(f, x, jnp.int32(k), bitwise=True, **OPTS)
+        (loop,) = _tile_loops(cj)
+        kinds = primitive_counts(loop.params["jaxpr"])
+        assert kinds["while"] == 1 and kinds["cond"] == 1
+
+
+def test_float_program_within_contract_and_its_gradient(small_cache):
+    def one(x):
+        return lax.scan(lambda c, _: (jnp.tanh(c) * 0.9 + 0.1 * c[::-1], None), x, None,
+                        length=5)[0]
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(1024, 8)), jnp.float32)
+    cj = assert_equivalent(lambda x: jax.vmap(one)(x).sum(1), x, **OPTS)
+    assert len(_tile_loops(cj)) == 1
+
+
+def test_idempotent(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    once = _rewrite(f, _blocks(1024)).jaxpr
+    twice = jaxrewrite.rewrite_jaxpr_with_report(once, **OPTS)
+    assert primitive_counts(twice.jaxpr) == primitive_counts(once)
+    assert not _tile_events(twice.report)
+
+
+# --- declines -------------------------------------------------------------------------------
+
+def test_reduction_along_the_batch_axis_declines(small_cache):
+    x = jnp.asarray(np.random.default_rng(4).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    assert "reduce_max along the batch axis" in _declined(
+        lambda x: jax.vmap(_rounds)(x).max(axis=0), x)
+
+
+def test_contraction_along_the_batch_axis_declines(small_cache):
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(1024, 4)), jnp.float32)
+
+    def f(x):
+        y = jax.vmap(lambda v: lax.fori_loop(0, 3, lambda i, v: jnp.sin(v[::-1]), v))(x)
+        return jnp.einsum("bi,bj->ij", y, x)
+    assert "dot_general contracts the batch axis" in _declined(f, x)
+
+
+def test_state_that_fits_the_cache_declines():
+    """The CPU's own cache (1 MiB per core): 1,024 ChaCha20 blocks carry 64 KiB."""
+    reason = _declined(jax.vmap(P.chacha_loop("fori")), _blocks(1024))
+    assert "fits the cache" in reason and "64 KiB" in reason
+
+
+def test_gpu_target_declines(small_cache):
+    """(A loop of a trip count known only at run time: the GPU's passes keep it a loop.)"""
+    def one(s, k):
+        return lax.fori_loop(0, k, lambda i, s: jnp.stack(P.quarter(s[0], s[1], s[2], s[3])), s)
+    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    f = jax.vmap(one, in_axes=(0, None))
+    assert _rewrite(f, x, jnp.int32(3)).report.stats["tile"]["T"] == 64   # the CPU tiles it
+    reason = _declined(f, x, jnp.int32(3), target="gpu")
+    assert "target gpu" in reason
+
+
+def test_off_leaves_the_program_alone(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    res = _rewrite(f, _blocks(1024), tile=False)
+    assert not _tile_events(res.report) and not _tile_events(res.report, applied=False)
+    assert not _tile_loops(res.jaxpr)
+    with pytest.raises(ValueError, match="tile"):
+        jaxrewrite.optimize(f, tile="yes")
