@@ -169,6 +169,12 @@ class TargetCosts:
     # fit (0: never tile; GPU: one kernel keeps the state on chip), the fraction of it one
     # tile's carry may take (the trip also writes the new carry and its temporaries), and the
     # smallest tile (per-tile loop overhead: tiles of 256 ChaCha20 blocks ran slower, issue 26).
+    # Most bytes a loop may carry per batch element and still be tiled. Measured (paired, CPU,
+    # tiled vs untiled optimize): ChaCha20's 16 u32 words (64 B), 8,192-65,536 blocks 0.48-0.58x;
+    # Keccak-f[1600]'s 25 u64 lanes (200 B), 65,536 states, tiles of 256-4,096: 1.17-1.47x
+    # (slower; 4,096 states 0.95x; not explained yet: its body is 52 thunks a trip, copies of
+    # the carried lanes included), so it is not tiled.
+    tile_max_element_bytes: int = 128
     tile_cache_bytes: int = 0
     tile_budget: float = 0.25
     tile_min: int = 512

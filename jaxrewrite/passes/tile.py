@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from .. import _compat as C
+from .. import _walk
 from ..backend import cost as _cost
 from ..report.records import Decline
 
@@ -533,6 +534,10 @@ def _tile_size(plan, costs) -> int:
     cache = costs.tile_cache_bytes
     if not plan.st.loops:
         raise Decline("no loop carries batched state (XLA fuses straight-line code already)")
+    if per > costs.tile_max_element_bytes:
+        raise Decline(f"the loop carries {per} B per batch element (at most "
+                      f"{costs.tile_max_element_bytes} B: a wider state was measured slower "
+                      f"tiled)")
     budget = cache * costs.tile_budget
     # (measured, ChaCha20's split loop, 64 B a block, 1 MiB L2: 8,192 and 16,384 blocks ran
     # 1.7x faster in tiles of 4,096; 4,096 blocks alike in tiles of 512-2,048)
@@ -658,7 +663,7 @@ def run(cj, ctx):
         T = _tile_size(plan, costs)
         new = _emit(cj, plan, T)
     except Decline as d:
-        if _worth_saying(j):
+        if _worth_saying(j, costs):
             ctx.report.declined(NAME, getattr(d, "eqn", site), str(d))
         return cj, False
     est = (f"T={T} of {plan.B}: {plan.st.loop_bytes} B x {T} = "
@@ -670,7 +675,9 @@ def run(cj, ctx):
     return new, True
 
 
-def _worth_saying(j) -> bool:
-    """A decline is recorded only for programs with a loop (the ones tiling is for)."""
-    from .. import _walk
+def _worth_saying(j, costs) -> bool:
+    """A decline is recorded only for programs tiling is for: an input axis of at least the
+    smallest tile, and a loop."""
+    if max(_candidates(j) or [0]) < costs.tile_min:
+        return False
     return any(e.primitive.name in ("scan", "while") for e in _walk.iter_eqns(C.closed(j)))
