@@ -40,7 +40,7 @@ from ..backend import cost as _cost
 from ..report.records import Decline
 
 NAME = "tile"
-Axis = "int | None"  # a var's batch axis, or None: it does not depend on the batch
+# A var's axis: its batch axis (an int), or None where it does not depend on the batch.
 
 # --- the rule table: (eqn, operand axes) -> result axes ---------------------------------------
 
@@ -66,8 +66,6 @@ class _State:
         self.loops = 0           # batched loops seen
         self.memo: dict = {}     # (id(jaxpr), axes) -> out axes / rebuilt jaxpr
 
-    def size(self, n: int) -> int:
-        return self.T if self.T is not None else n
 
 
 def _one_axis(eqn, axes) -> int | None:
@@ -77,7 +75,7 @@ def _one_axis(eqn, axes) -> int | None:
     return batched.pop() if batched else None
 
 
-def _aligned(eqn, axes, st, top):
+def _aligned(eqn, axes, st):
     """Operands used element for element (same shape apart from scalars and size-1 axes, which
     JAX broadcasts): one batch axis; a batch-sized operand that does not depend on the batch is
     sliced per tile."""
@@ -95,16 +93,8 @@ def _aligned(eqn, axes, st, top):
     return [a] * len(eqn.outvars), slices
 
 
-def _rule_elementwise(eqn, axes, st):
-    if eqn.primitive.name == "convert_element_type" and eqn.params.get("sharding") is not None:
-        raise Decline("convert_element_type with a sharding")
-    return _aligned(eqn, axes, st, True)
-
-
 def _rule_broadcast(eqn, axes, st):
     (a,) = axes[:1]
-    if eqn.params.get("sharding") is not None:
-        raise Decline("broadcast_in_dim with a sharding")
     if any(x is not None for x in axes[1:]):
         raise Decline("broadcast_in_dim with dynamic shape operands")
     return [None if a is None else eqn.params["broadcast_dimensions"][a]], {}
@@ -125,8 +115,8 @@ def _rule_reshape(eqn, axes, st):
     a = axes[0]
     if a is None:
         return [None], {}
-    if eqn.params.get("dimensions") is not None or eqn.params.get("sharding") is not None:
-        raise Decline("reshape with dimensions or a sharding")
+    if eqn.params.get("dimensions") is not None:
+        raise Decline("reshape with dimensions")
     b = _reshape_axis(C.aval_of(eqn.invars[0]).shape, a, eqn.params["new_sizes"], st.B)
     if b is None:
         raise Decline("reshape merges the batch axis with another")
@@ -158,7 +148,7 @@ def _not_along(param: str, what: str):
         named = p if isinstance(p, (tuple, list)) else (p,)
         if a in named:
             raise Decline(f"{eqn.primitive.name} {what} the batch axis")
-        return _aligned(eqn, axes, st, True)
+        return _aligned(eqn, axes, st)
     return rule
 
 
@@ -193,7 +183,7 @@ def _rule_reduce(eqn, axes, st):
 
 
 def _rule_stack(eqn, axes, st):
-    outs, slices = _aligned(eqn, axes, st, True)
+    outs, slices = _aligned(eqn, axes, st)
     a = outs[0]
     return [None if a is None else a + (a >= eqn.params["axis"])], slices
 
@@ -284,8 +274,8 @@ def _carry_fixpoint(eqn, body, consts, carry, tail, offset, st, slices):
 
 
 def _count_loop(invars, carry, st):
-    per = sum(C.aval_of(v).dtype.itemsize * math.prod(C.aval_of(v).shape) // st.size(
-        C.aval_of(v).shape[a]) for v, a in zip(invars, carry) if a is not None)
+    per = sum(C.aval_of(v).dtype.itemsize * math.prod(C.aval_of(v).shape)
+              // C.aval_of(v).shape[a] for v, a in zip(invars, carry) if a is not None)
     if per:
         st.loops += 1
         st.loop_bytes = max(st.loop_bytes, per)
@@ -321,7 +311,7 @@ def _rule_jit(eqn, axes, st):
 
 
 RULES = {
-    **{n: _rule_elementwise for n in ELEMENTWISE},
+    **{n: _aligned for n in ELEMENTWISE},
     **{n: _rule_reduce for n in REDUCTIONS},
     **{n: _not_along("axis", "along") for n in CUMULATIVE},
     "broadcast_in_dim": _rule_broadcast,
@@ -356,6 +346,9 @@ def _eqn_axes(eqn, axes, st, top):
     """(result axes, operands to slice per tile) of one equation."""
     if C.has_effects(eqn) or C.is_stateful(eqn):
         raise Decline(f"{eqn.primitive.name} has effects")
+    for k in ("sharding", "out_sharding"):
+        if eqn.params.get(k) is not None:
+            raise Decline(f"{eqn.primitive.name} with a sharding")
     if top and _generator(eqn, st.B):
         return [eqn.params["dimension"]], {}
     if all(a is None for a in axes) and eqn.primitive.name not in ("scan", "while", "cond",
@@ -595,6 +588,8 @@ def _emit(cj, plan, T):
         v for e in body for v in e.invars if not C.is_literal(v) and v in ready)]
     batched_in = [(v, a) for v, a in zip(j.invars, plan.in_axes) if a is not None]
     batched_out = [(v, a) for v, a in out_axes.items() if a is not None]
+    if any(getattr(v.aval, "weak_type", False) for v, _ in batched_out):
+        raise Decline("a weakly typed result (the tiles' buffer would not be)")
     # the body's own jaxpr: batched inputs (tiles), uniform values (whole), slices (tiles)
     env, axes = {}, {}
     b_in = [C.new_var(_tile_aval(v.aval, a, T)) for v, a in batched_in]
@@ -659,12 +654,14 @@ def _generator(eqn, B) -> bool:
 def run(cj, ctx):
     """Tile the top level where the rules and the cost model allow (module docstring)."""
     costs = _cost.costs(ctx.target)
-    if ctx.options.tile is False:
+    if not ctx.options.tile:
         return cj, False
     j = cj.jaxpr
-    site = j.eqns[0] if j.eqns else None
-    if site is None:
+    if not j.eqns:
         return cj, False
+    # (reported at the first loop: the rounds loop the tiles are for, in the user's source)
+    site = next((e for e in _walk.iter_eqns(cj) if e.primitive.name in ("scan", "while")),
+                j.eqns[0])
     try:
         if ctx.devices > 1:
             raise Decline(f"program partitioned over {ctx.devices} devices")
