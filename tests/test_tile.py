@@ -209,3 +209,19 @@ def test_off_leaves_the_program_alone(small_cache):
     assert not _tile_loops(res.jaxpr)
     with pytest.raises(ValueError, match="tile"):
         jaxrewrite.optimize(f, tile="yes")
+
+
+def test_blake2s_broadcast_initial_state_and_message_schedule(small_cache):
+    """BLAKE2s as the ChaCha20 author would write it (bench/limit.py): the initial state is one
+    constant broadcast over the batch (sliced per tile), each round reads its message words
+    at the loop index (a gather on the word axis); the digest of block 0 is hashlib's."""
+    import hashlib
+    import limit as L
+    msgs = np.random.default_rng(7).integers(0, 2**32, (1024, 16), dtype=np.uint32)
+    f = jax.vmap(L.blake2s_block)
+    cj = assert_equivalent(f, jnp.asarray(msgs), bitwise=True, **OPTS)
+    (loop,) = _tile_loops(cj)
+    assert loop.params["length"] == 1024 // 16
+    out = np.asarray(jaxrewrite.optimize(f)(jnp.asarray(msgs)))
+    assert out[0].astype("<u4").tobytes() == hashlib.blake2s(
+        msgs[0].astype("<u4").tobytes()).digest()

@@ -252,8 +252,13 @@ def _rule_scan(eqn, axes, st):
 
 
 def _carry_fixpoint(eqn, body, consts, carry, tail, offset, st, slices):
-    """The carry's batch axes: the initial values' axes, and a carry that a trip makes batched
-    starts batched (its batch-sized initial value sliced per tile)."""
+    """The carry's batch axes: the initial values' axes; a batch-sized initial value that does
+    not depend on the batch (a broadcast constant state), and a carry that a trip makes
+    batched, start batched (the initial value sliced per tile)."""
+    for k, a in enumerate(carry):
+        hits = [d for d, n in enumerate(C.aval_of(eqn.invars[offset + k]).shape) if n == st.B]
+        if a is None and len(hits) == 1:
+            carry[k] = slices[offset + k] = hits[0]
     for _ in range(len(carry) + 1):
         out = _analyze(body.jaxpr, consts + carry + tail, st)
         changed = False
