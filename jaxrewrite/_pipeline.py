@@ -59,6 +59,10 @@ class PassSpec:
     # Whether the pass only prepares work for the others: where no other pass changes the
     # program, its changes are dropped and the program is returned as it came.
     enabling: bool = False
+    # Whether the enabling passes prepare work for this one (then, where it is enabled and
+    # changes nothing, their changes are dropped). tile: no (it tiles what it is given), so
+    # `fold` alone with tile on keeps fold's changes, as it did before tile.
+    uses_enabling: bool = True
 
     def wakes(self, other: str) -> bool:
         """Whether a change by this pass may give `other` work."""
@@ -84,7 +88,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("cse", "cse", True),
     PassSpec("reroll", "reroll", False),
     # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
-    PassSpec("tile", "tile", False),
+    PassSpec("tile", "tile", False, uses_enabling=False),
 )
 
 
@@ -248,7 +252,7 @@ def _run(cj, ctx, passes):
                 changers.add(spec)
     # (where only enabling passes are enabled, their changes are what was asked for)
     if (changers and all(s.enabling for s in changers)
-            and any(not s.enabling for s, _ in passes)):
+            and any(not s.enabling and s.uses_enabling for s, _ in passes)):
         ctx.report.count("pipeline.enabling_dropped")
         ctx.report.stats["pipeline.enabling_dropped"] = (
             f"only {', '.join(sorted(s.name for s in changers))} changed the program: "
