@@ -238,3 +238,17 @@ def test_data_movement_in_the_body_counts_as_live_state():
     import limit as L
     reason = _declined(jax.vmap(L.blake2s_block), jnp.zeros((65536, 16), jnp.uint32))
     assert "640 B live per batch element" in reason and "fewer than 512" in reason
+
+
+def test_constants_of_the_program_are_read_per_tile(small_cache):
+    """A batch-sized constant the program closes over (kept a constant: fold_limit=0) is sliced
+    per tile; a small one is read whole."""
+    big = jnp.asarray(np.random.default_rng(8).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    small = jnp.asarray(np.arange(4, dtype=np.uint32) * 77)
+
+    def f(x):
+        return jax.vmap(_rounds)(x ^ big) + small
+    x = jnp.asarray(np.random.default_rng(9).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    assert jax.make_jaxpr(f)(x).jaxpr.constvars
+    cj = assert_equivalent(f, x, bitwise=True, fold_limit=0, **OPTS)
+    assert len(_tile_loops(cj)) == 1

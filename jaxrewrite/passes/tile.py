@@ -710,7 +710,7 @@ def run(cj, ctx):
         T = _tile_size(plan, costs)
         new = _emit(cj, plan, T)
     except Decline as d:
-        if _worth_saying(j, costs):
+        if _worth_saying(cj, costs):
             ctx.report.declined(NAME, getattr(d, "eqn", site), str(d))
         return cj, False
     st = plan.st
@@ -724,9 +724,9 @@ def run(cj, ctx):
     return new, True
 
 
-def _worth_saying(j, costs) -> bool:
+def _worth_saying(cj, costs) -> bool:
     """A decline is recorded only for programs tiling is for: an input axis of at least the
     smallest tile, and a loop."""
-    if max(_candidates(j) or [0]) < costs.tile_min:
+    if max(_candidates(cj.jaxpr) or [0]) < costs.tile_min:
         return False
-    return any(e.primitive.name in ("scan", "while") for e in _walk.iter_eqns(C.closed(j)))
+    return any(e.primitive.name in ("scan", "while") for e in _walk.iter_eqns(cj))
