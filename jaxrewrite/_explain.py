@@ -332,7 +332,7 @@ def _events(events) -> list[str]:
     out = []
     for (pass_name, before, after, loc, reason), n in groups.items():
         what = " ".join(before) or "-"
-        if reason is None:
+        if reason is None or after:  # (an applied rewrite's reason is its note)
             what += " -> " + (" ".join(after) or "-")
         line = f"  {pass_name:<10} {what:<40} {loc or '(no location)'}"
         if n > 1:

@@ -25,6 +25,8 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("autotune", False, "decide between candidate forms by compiling them (True: launch counts "
                          "+ cost model; 'time': run times, opt-in, may differ between processes); "
                          "choices cached on disk"),
+    ("tile", True, "CPU: run a batch-independent program whose loop state exceeds the cache as a "
+                   "loop over tiles of its batch axis, its own loops inside (other targets: off)"),
     ("target", None, "backend the cost model decides for: 'cpu', 'gpu', 'tpu' (default: current)"),
     ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
     ("debug_checks", False, "check_jaxpr after every pass"),
@@ -58,6 +60,7 @@ VALID = {
     "scalarize": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
     "flatten": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
     "autotune": (lambda v: _bool(v) or v == "time", "True, False or 'time'"),
+    "tile": (_bool, "True or False"),
     "target": (lambda v: v is None or v in ("cpu", "gpu", "cuda", "rocm", "tpu"),
                "None, 'cpu', 'gpu' or 'tpu'"),
     "max_rounds": (_count, "an int >= 1"),
@@ -81,6 +84,7 @@ class Options:
     scalarize: Any = DEFAULTS["scalarize"]
     flatten: Any = DEFAULTS["flatten"]
     autotune: Any = DEFAULTS["autotune"]
+    tile: Any = DEFAULTS["tile"]
     target: Any = DEFAULTS["target"]
     max_rounds: int = DEFAULTS["max_rounds"]
     debug_checks: bool = DEFAULTS["debug_checks"]

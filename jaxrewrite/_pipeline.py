@@ -23,6 +23,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
    code (dedup).)
 7. reroll     - chains of identical calls, and runs of repeated inline code (outlined first,
                 `passes/outline.py`), become `lax.scan` (once, at the end; off by default).
+8. tile       - (CPU) a batch-independent program whose loop state exceeds the cache runs as a
+                loop over tiles of its batch axis, its loops inside (once, at the end).
 
 If a pass raises, `rewrite` returns the original program and one warning naming the pass;
 with `strict=True` the error propagates.
@@ -57,6 +59,10 @@ class PassSpec:
     # Whether the pass only prepares work for the others: where no other pass changes the
     # program, its changes are dropped and the program is returned as it came.
     enabling: bool = False
+    # Whether the enabling passes prepare work for this one (then, where it is enabled and
+    # changes nothing, their changes are dropped). tile: no (it tiles what it is given), so
+    # `fold` alone with tile on keeps fold's changes, as it did before tile.
+    uses_enabling: bool = True
 
     def wakes(self, other: str) -> bool:
         """Whether a change by this pass may give `other` work."""
@@ -84,6 +90,8 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("cse", "cse", True),
     PassSpec("scalarize", "scalarize", True),
     PassSpec("reroll", "reroll", False),
+    # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
+    PassSpec("tile", "tile", False, uses_enabling=False),
 )
 
 
@@ -247,7 +255,7 @@ def _run(cj, ctx, passes):
                 changers.add(spec)
     # (where only enabling passes are enabled, their changes are what was asked for)
     if (changers and all(s.enabling for s in changers)
-            and any(not s.enabling for s, _ in passes)):
+            and any(not s.enabling and s.uses_enabling for s, _ in passes)):
         ctx.report.count("pipeline.enabling_dropped")
         ctx.report.stats["pipeline.enabling_dropped"] = (
             f"only {', '.join(sorted(s.name for s in changers))} changed the program: "

@@ -165,6 +165,19 @@ class TargetCosts:
     # `loop_axis`: a 25-lane `fori_loop` unrolled and then not split ran 2.6x slower than kept
     # rolled.)
     cost_axis: int = 0
+    # Tiling the batch axis (passes/tile.py): the per-core cache a loop's carried state should
+    # fit (0: never tile; GPU: one kernel keeps the state on chip), the fraction of it one
+    # tile's carry may take (the trip also writes the new carry and its temporaries), and the
+    # smallest tile (per-tile loop overhead: tiles of 256 ChaCha20 blocks ran slower, issue 26).
+    # Most bytes a loop may carry per batch element and still be tiled. Measured (paired, CPU,
+    # tiled vs untiled optimize): ChaCha20's 16 u32 words (64 B), 8,192-65,536 blocks 0.48-0.58x;
+    # Keccak-f[1600]'s 25 u64 lanes (200 B), 65,536 states, tiles of 256-4,096: 1.17-1.47x
+    # (slower; 4,096 states 0.95x; not explained yet: its body is 52 thunks a trip, copies of
+    # the carried lanes included), so it is not tiled.
+    tile_max_element_bytes: int = 128
+    tile_cache_bytes: int = 0
+    tile_budget: float = 0.25
+    tile_min: int = 512
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -182,7 +195,8 @@ COSTS: dict[str, TargetCosts] = {
                        reroll_runtime_offsets=True, reroll_recompute=True,
                        concat_fuse_max=8, max_recompute=2.0, max_fused_growth=48.0,
                        min_piece_cone=16, max_lane_work=2.2, mover_work=4.0,
-                       max_piece_cone=2400, cost_axis=32, update_form="in_place"),
+                       max_piece_cone=2400, cost_axis=32, update_form="in_place",
+                       tile_cache_bytes=1 << 20),
     # GPU: axes of 17..32 and up to 32 pieces too (Keccak-f[1600]'s 25 lanes: the hand-written
     # 25-word form's kernels where 16 pieces kept every gather, bench/permutations.py --keccak).
     "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32),

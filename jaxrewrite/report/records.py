@@ -32,7 +32,7 @@ class Event:
         self.pass_name = pass_name
         self.before = before          # primitive name(s) replaced
         self.after = after            # primitive name(s) emitted
-        self.reason = reason          # set for a decline
+        self.reason = reason          # a decline's reason; an applied rewrite's note
         self._location = location
         self._where = where           # (source info, the call sites' source infos), unread
 
@@ -75,9 +75,11 @@ class Report:
     errors: list[str] = dataclasses.field(default_factory=list)
 
     # -- recording (used by passes) --
-    def applied(self, pass_name: str, eqn, after=(), n: int = 1) -> None:
+    def applied(self, pass_name: str, eqn, after=(), n: int = 1, note: str | None = None) -> None:
+        """`note`: the decision's estimate, shown after the rewrite (explain)."""
         after = tuple(a if isinstance(a, str) else a.primitive.name for a in after)
-        self.rewrites.append(Event(pass_name, _prims(eqn), after, where=_where(eqn)))
+        self.rewrites.append(Event(pass_name, _prims(eqn), after, reason=note,
+                                   where=_where(eqn)))
         self.counts[f"{pass_name}.applied"] += n
 
     def declined(self, pass_name: str, eqn, reason: str) -> None:

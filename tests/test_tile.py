@@ -1,0 +1,254 @@
+"""Tiling the batch axis (passes/tile.py): a loop over tiles with the rounds loop inside, bit for
+bit jax.jit's results, and the declines (the axis not independent, the state fits the cache, the
+GPU). The CPU's cache is set small here (`small_cache`) so programs of a few thousand elements
+tile and the tests stay fast."""
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxrewrite
+from jaxrewrite import _walk
+from jaxrewrite.backend import cost as _cost
+from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import permutations as P  # noqa: E402
+
+OPTS = dict(strict=True, debug_checks=True)
+
+
+@pytest.fixture
+def small_cache(monkeypatch):
+    """A 16 KiB cache: a tile's trip may hold 4 KiB live."""
+    monkeypatch.setitem(_cost.COSTS, "cpu", dataclasses.replace(
+        _cost.COSTS["cpu"], tile_cache_bytes=16384, tile_budget=0.25, tile_min=4))
+
+
+def _blocks(n):
+    return jnp.asarray(np.random.default_rng(n).integers(0, 2**32, (n, 4, 4), dtype=np.uint32))
+
+
+def _rewrite(fn, *args, **opts):
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **OPTS, **opts)
+
+
+def _tile_loops(cj):
+    """The top level's scans (the tile loop is one, the only loop there)."""
+    return [e for e in cj.jaxpr.eqns if e.primitive.name == "scan"]
+
+
+def _tile_events(report, applied=True):
+    return [e for e in (report.rewrites if applied else report.declines) if e.pass_name == "tile"]
+
+
+def _declined(fn, *args, **opts) -> str:
+    res = _rewrite(fn, *args, **opts)
+    assert not _tile_events(res.report), "tiled where it should have declined"
+    reasons = [e.reason for e in _tile_events(res.report, applied=False)]
+    assert len(reasons) == 1, reasons
+    return reasons[0]
+
+
+def _rounds(x, rounds=3):
+    """A 4-word ARX state in a rolled loop, as a vmapped function sees one element."""
+    def body(i, s):
+        return jnp.stack(P.quarter(s[0], s[1], s[2], s[3]))
+    return lax.fori_loop(0, rounds, body, x) + x
+
+
+# --- applied: structure and bits ------------------------------------------------------------
+
+def test_chacha_author_form_is_a_loop_over_tiles_with_the_rounds_inside(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    x = _blocks(1024)
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    res = _rewrite(f, x)
+    # 64 B carried a block; its gathers, transposes and stacks hold 512 B more in each trip
+    assert res.report.stats["tile"] == dict(T=4, B=1024, bytes_per_element=64,
+                                            live_bytes_per_element=576)
+    (loop,) = _tile_loops(cj)
+    assert loop.params["length"] == 1024 // 4
+    inner = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "scan"]
+    assert [e.params["length"] for e in inner] == [10]          # the rounds loop, per tile
+    # inside the tile loop every value is at tile size, but the buffer a tile is written into
+    for e in _walk.iter_eqns(loop.params["jaxpr"]):
+        for v in e.outvars if e.primitive.name != "dynamic_update_slice" else ():
+            assert 1024 not in getattr(v.aval, "shape", ()), e.primitive.name
+    # the top level only slices tiles out and writes them back
+    counts = primitive_counts(loop.params["jaxpr"])
+    assert counts["dynamic_slice"] == 1 and counts["dynamic_update_slice"] == 1
+
+
+def test_split_carry_form_exact_and_rfc_vector(small_cache):
+    """ChaCha20 at 8,192 blocks: flatten splits the carry into 16 words first (pieces of at least
+    4,096), then the split loop is tiled; block 0 is RFC 8439's test vector."""
+    f = jax.vmap(P.chacha_loop("fori"))
+    x = np.array(_blocks(8192))
+    x[0] = P.RFC_STATE
+    out = np.asarray(jaxrewrite.optimize(f, **OPTS)(jnp.asarray(x)))
+    np.testing.assert_array_equal(out, np.asarray(jax.jit(f)(jnp.asarray(x))))
+    np.testing.assert_array_equal(out[0], P.RFC_OUT)
+    res = _rewrite(f, jnp.asarray(x))
+    assert res.report.stats["tile"] == dict(T=64, B=8192, bytes_per_element=64,
+                                            live_bytes_per_element=64)   # nothing but words
+    assert primitive_counts(res.jaxpr).get("gather", 0) == 0    # the split form, tiled
+    (loop,) = _tile_loops(res.jaxpr)
+    (rounds,) = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "scan"]
+    assert rounds.params["num_carry"] == 17                      # the counter and 16 words
+
+
+def test_explain_shows_the_tile_and_its_estimate(small_cache):
+    res = _rewrite(jax.vmap(P.chacha_loop("fori")), _blocks(1024))
+    (ev,) = _tile_events(res.report)
+    assert ev.after == ("scan",) and "T=4 " in ev.reason and "576 B live" in ev.reason
+
+
+def test_batch_not_a_multiple_of_the_preferred_tile(small_cache):
+    """Tiles of 64 preferred; 1,000 = 8 x 125: the largest power of two dividing it is used;
+    1,001: none of at least `tile_min` does."""
+    f = jax.vmap(_rounds)
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (1000, 4), dtype=np.uint32))
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    assert _tile_loops(cj)[0].params["length"] == 125
+    y = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (1001, 4), dtype=np.uint32))
+    assert "divides the batch of 1001" in _declined(f, y)
+
+
+def test_iota_along_the_batch_axis_is_made_per_tile(small_cache):
+    """A block counter from `jnp.arange`: iota at tile size plus the tile's offset."""
+    def f(x):
+        return jax.vmap(lambda i, s: _rounds(s + i))(jnp.arange(x.shape[0], dtype=jnp.uint32), x)
+    x = jnp.asarray(np.random.default_rng(1).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    cj = assert_equivalent(f, x, bitwise=True, **OPTS)
+    assert primitive_counts(cj)["iota"] == 1
+    (loop,) = _tile_loops(cj)
+    (iota,) = [e for e in _walk.iter_eqns(loop.params["jaxpr"]) if e.primitive.name == "iota"]
+    assert iota.params["shape"] == (64,)                         # 48 B live a lane: 64
+
+
+def test_while_cond_and_uniform_values(small_cache):
+    """A `while` whose condition reads only the counter, a `cond` on a value that does not
+    depend on the batch, and a batch-sized constant computed once and sliced per tile."""
+    table = np.arange(2048, dtype=np.uint32).reshape(512, 4) * 2654435761
+
+    def one(s, k):
+        def body(c):
+            i, s = c
+            s = lax.cond(k > 3, lambda s: s ^ (s << 3), lambda s: s + 1, s)
+            return i + 1, jnp.stack(P.quarter(s[0], s[1], s[2], s[3]))
+        return lax.while_loop(lambda c: c[0] < k, body, (0, s))[1]
+
+    def f(x, k):
+        return jax.vmap(one, in_axes=(0, None))(x + table, k)
+    x = jnp.asarray(np.random.default_rng(2).integers(0, 2**32, (512, 4), dtype=np.uint32))
+    for k in (2, 5):
+        cj = assert_equivalent(f, x, jnp.int32(k), bitwise=True, **OPTS)
+        (loop,) = _tile_loops(cj)
+        kinds = primitive_counts(loop.params["jaxpr"])
+        assert kinds["while"] == 1 and kinds["cond"] == 1
+
+
+def test_float_program_within_contract_and_its_gradient(small_cache):
+    def one(x):
+        return lax.scan(lambda c, _: (jnp.tanh(c) * 0.9 + 0.1 * c[::-1], None), x, None,
+                        length=5)[0]
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(1024, 8)), jnp.float32)
+    cj = assert_equivalent(lambda x: jax.vmap(one)(x).sum(1), x, **OPTS)
+    assert len(_tile_loops(cj)) == 1
+
+
+def test_idempotent(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    once = _rewrite(f, _blocks(1024)).jaxpr
+    twice = jaxrewrite.rewrite_jaxpr_with_report(once, **OPTS)
+    assert primitive_counts(twice.jaxpr) == primitive_counts(once)
+    assert not _tile_events(twice.report)
+
+
+# --- declines -------------------------------------------------------------------------------
+
+def test_reduction_along_the_batch_axis_declines(small_cache):
+    x = jnp.asarray(np.random.default_rng(4).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    assert "reduce_max along the batch axis" in _declined(
+        lambda x: jax.vmap(_rounds)(x).max(axis=0), x)
+
+
+def test_contraction_along_the_batch_axis_declines(small_cache):
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(1024, 4)), jnp.float32)
+
+    def f(x):
+        y = jax.vmap(lambda v: lax.fori_loop(0, 3, lambda i, v: jnp.sin(v[::-1]), v))(x)
+        return jnp.einsum("bi,bj->ij", y, x)
+    assert "dot_general contracts the batch axis" in _declined(f, x)
+
+
+def test_state_that_fits_the_cache_declines():
+    """The CPU's own cache (1 MiB per core): 1,024 ChaCha20 blocks carry 64 KiB, a trip reads
+    and writes 128 KiB."""
+    reason = _declined(jax.vmap(P.chacha_loop("fori")), _blocks(1024))
+    assert "128 KiB, within the cache (1024 KiB)" in reason
+
+
+def test_gpu_target_declines(small_cache):
+    """(A loop of a trip count known only at run time: the GPU's passes keep it a loop.)"""
+    def one(s, k):
+        return lax.fori_loop(0, k, lambda i, s: jnp.stack(P.quarter(s[0], s[1], s[2], s[3])), s)
+    x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    f = jax.vmap(one, in_axes=(0, None))
+    assert _rewrite(f, x, jnp.int32(3)).report.stats["tile"]["T"] == 64   # the CPU tiles it
+    reason = _declined(f, x, jnp.int32(3), target="gpu")
+    assert "target gpu" in reason
+
+
+def test_off_leaves_the_program_alone(small_cache):
+    f = jax.vmap(P.chacha_loop("fori"))
+    res = _rewrite(f, _blocks(1024), tile=False)
+    assert not _tile_events(res.report) and not _tile_events(res.report, applied=False)
+    assert not _tile_loops(res.jaxpr)
+    with pytest.raises(ValueError, match="tile"):
+        jaxrewrite.optimize(f, tile="yes")
+
+
+def test_blake2s_broadcast_initial_state_and_message_schedule(small_cache):
+    """BLAKE2s as the ChaCha20 author would write it (bench/limit.py): the initial state is one
+    constant broadcast over the batch (sliced per tile), each round reads its message words
+    at the loop index (a gather on the word axis); the digest of block 0 is hashlib's."""
+    import hashlib
+    import limit as L
+    msgs = np.random.default_rng(7).integers(0, 2**32, (1024, 16), dtype=np.uint32)
+    f = jax.vmap(L.blake2s_block)
+    cj = assert_equivalent(f, jnp.asarray(msgs), bitwise=True, **OPTS)
+    (loop,) = _tile_loops(cj)
+    assert loop.params["length"] == 1024 // 4                   # 640 B live a block
+    out = np.asarray(jaxrewrite.optimize(f)(jnp.asarray(msgs)))
+    assert out[0].astype("<u4").tobytes() == hashlib.blake2s(
+        msgs[0].astype("<u4").tobytes()).digest()
+
+
+def test_data_movement_in_the_body_counts_as_live_state():
+    """BLAKE2s in the author's form, 65,536 blocks, the CPU's own costs: 64 B carried a block,
+    but its gathers and 4-vector stacks hold 576 B more in each trip, so a tile that fits would
+    be smaller than the smallest worth a loop (tiles of 4,096 measured 1.04-1.16x slower)."""
+    import limit as L
+    reason = _declined(jax.vmap(L.blake2s_block), jnp.zeros((65536, 16), jnp.uint32))
+    assert "640 B live per batch element" in reason and "fewer than 512" in reason
+
+
+def test_constants_of_the_program_are_read_per_tile(small_cache):
+    """A batch-sized constant the program closes over (kept a constant: fold_limit=0) is sliced
+    per tile; a small one is read whole."""
+    big = jnp.asarray(np.random.default_rng(8).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    small = jnp.asarray(np.arange(4, dtype=np.uint32) * 77)
+
+    def f(x):
+        return jax.vmap(_rounds)(x ^ big) + small
+    x = jnp.asarray(np.random.default_rng(9).integers(0, 2**32, (1024, 4), dtype=np.uint32))
+    assert jax.make_jaxpr(f)(x).jaxpr.constvars
+    cj = assert_equivalent(f, x, bitwise=True, fold_limit=0, **OPTS)
+    assert len(_tile_loops(cj)) == 1
