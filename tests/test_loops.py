@@ -393,3 +393,31 @@ def test_h200_chacha_fori_as_few_kernels_as_the_hand_form():
     hand, _ = _h200(jax.jit(jax.vmap(P.chacha_words)), spec)
     assert kernels <= hand and kernels <= 2
     assert launches == kernels < rolled
+
+
+def test_cpu_literal_initial_carry_is_split_into_broadcasts():
+    """A loop whose initial state is one constant broadcast over the batch (BLAKE2s's IV under
+    vmap; fold makes it a literal of the batch's size) has its carry split like a traced one:
+    each piece starts as a broadcast of its one value, no constant of the batch's size is left,
+    bit for bit jax.jit's. (Before, a literal carry was never split, so the same program was
+    split at 1,048,576 blocks, past `fold_limit`, and not at 65,536.)"""
+    iv = np.arange(16, dtype=np.uint32).reshape(4, 4) * np.uint32(0x9E3779B9)
+
+    def one(m):
+        def body(i, s):
+            return _double_round(s + m)
+        return lax.fori_loop(0, 10, body, jnp.asarray(iv))
+    msgs = jnp.asarray(np.random.default_rng(5).integers(0, 2**32, (4096, 4, 4),
+                                                         dtype=np.uint32))
+    f = jax.vmap(one)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(msgs), target="cpu", tile=False)
+    (scan,) = _scans(res.jaxpr)
+    assert _carried_pieces(scan, (4096,)) == 16
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    from jaxrewrite import _compat as C
+    producers = {v: e for e in res.jaxpr.jaxpr.eqns for v in e.outvars}
+    inits = [v for v in scan.invars[nc:nc + nk] if tuple(v.aval.shape) == (4096,)]
+    assert all(not C.is_literal(v) and producers[v].primitive.name == "broadcast_in_dim"
+               and producers[v].invars[0].aval.shape == () for v in inits)
+    assert not any(np.size(c) >= 4096 for c in res.jaxpr.consts)
+    assert_equivalent(f, msgs, bitwise=True, target="cpu", tile=False)

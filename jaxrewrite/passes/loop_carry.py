@@ -57,6 +57,16 @@ def _pieces(x, axes: tuple) -> list:
     return [lax.index_in_dim(y, k, keepdims=False) for k in range(y.shape[0])]
 
 
+def _const_pieces(x: np.ndarray, axes: tuple) -> list:
+    """`_pieces` of a constant (a literal initial carry: fold's broadcast state), cut at trace
+    time: a piece holding one value is a broadcast of it, not a constant of the batch's size
+    (a 65,536-block state would otherwise be a 4 MiB constant the tiles slice)."""
+    rest = tuple(d for d in range(x.ndim) if d not in axes)
+    y = np.transpose(x, axes + rest).reshape((-1,) + tuple(x.shape[d] for d in rest))
+    return [jnp.full(p.shape, p.flat[0], p.dtype) if p.size and (p == p.flat[0]).all() else p
+            for p in y]
+
+
 def _join(pieces: list, shape: tuple, axes: tuple):
     """The inverse of `_pieces`: stack, un-merge, transpose back."""
     if not axes:
@@ -105,7 +115,9 @@ def emit(eqn, loop: Loop, layout: list) -> tuple[list, list, object]:
         return out
 
     def split(wholes):
-        return [p for v, axes in zip(wholes, layout) for p in _pieces(v, axes)]
+        return [p for v, axes in zip(wholes, layout)
+                for p in (_const_pieces(v, axes) if isinstance(v, np.ndarray) and axes
+                          else _pieces(v, axes))]
 
     # literal operands (constants fold made: a gather's indices) stay literals in the new body,
     # where scalarize and gathers need to see them; the others are traced
@@ -145,8 +157,7 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
     """(Replacement, what was split) or (None, why not). `scalarize_split(ctx, jaxpr, consts)`:
     scalarize's split of one level, asked without recording it ((split level, None) or
     (None, its reason))."""
-    layout = [carry_axes(v, max_axis, max_pieces) if not C.is_literal(v) else ()
-              for v in loop.init]
+    layout = [carry_axes(v, max_axis, max_pieces) for v in loop.init]
     if not any(layout):
         return None, "no small axis in the carry"
     eqns, outs, scan = emit(eqn, loop, layout)
