@@ -27,7 +27,13 @@ OPTS = dict(strict=True, debug_checks=True)
 def small_cache(monkeypatch):
     """A 16 KiB cache: a tile's trip may hold 4 KiB live."""
     monkeypatch.setitem(_cost.COSTS, "cpu", dataclasses.replace(
-        _cost.COSTS["cpu"], tile_cache_bytes=16384, tile_budget=0.25, tile_min=4))
+        _cost.COSTS["cpu"], tile_cache_bytes=16384, tile_budget=0.25, tile_min=4, tile_cores=1))
+
+
+@pytest.fixture
+def one_core(monkeypatch):
+    """The CPU's own cache, one core (the tile is one core's share whatever this machine has)."""
+    monkeypatch.setitem(_cost.COSTS, "cpu", dataclasses.replace(_cost.COSTS["cpu"], tile_cores=1))
 
 
 def _blocks(n):
@@ -188,11 +194,31 @@ def test_contraction_along_the_batch_axis_declines(small_cache):
     assert "dot_general contracts the batch axis" in _declined(f, x)
 
 
-def test_state_that_fits_the_cache_declines():
+def test_state_that_fits_the_cache_declines(one_core):
     """The CPU's own cache (1 MiB per core): 1,024 ChaCha20 blocks carry 64 KiB, a trip reads
     and writes 128 KiB."""
     reason = _declined(jax.vmap(P.chacha_loop("fori")), _blocks(1024))
-    assert "128 KiB, within the cache (1024 KiB)" in reason
+    assert "128 KiB, within the cache of its 1 core(s) (1024 KiB each)" in reason
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4, 16])
+def test_the_tile_is_one_cores_share_times_the_cores(monkeypatch, cores):
+    """XLA:CPU splits a fusion over the cores only where it is long enough: a tile of one
+    core's share would run on one core while the untiled program uses them all. So the tile is
+    the share (4,096 ChaCha20 blocks in 256 KiB) times the cores, and where each core's share of
+    a trip already fits its cache (16 cores: 512 KiB each), no tiles."""
+    monkeypatch.setitem(_cost.COSTS, "cpu", dataclasses.replace(_cost.COSTS["cpu"],
+                                                                tile_cores=cores))
+    f, x = jax.vmap(P.chacha_loop("fori")), _blocks(65536)
+    res = _rewrite(f, x)
+    if cores < 16:
+        assert res.report.stats["tile"]["T"] == 4096 * cores
+        (loop,) = _tile_loops(res.jaxpr)
+        assert loop.params["length"] == 65536 // (4096 * cores)
+    else:
+        assert "tile" not in res.report.stats
+        reason = next(d.reason for d in res.report.declines if d.pass_name == "tile")
+        assert "within the cache of its 16 core(s)" in reason, reason
 
 
 def test_gpu_target_declines(small_cache):
@@ -231,7 +257,7 @@ def test_blake2s_broadcast_initial_state_and_message_schedule(small_cache):
         msgs[0].astype("<u4").tobytes()).digest()
 
 
-def test_data_movement_in_the_body_counts_as_live_state():
+def test_data_movement_in_the_body_counts_as_live_state(one_core):
     """BLAKE2s in the author's form, 65,536 blocks, the CPU's own costs, its carry not split
     (scalarize off): 64 B carried a block, but its gathers and 4-vector stacks hold 576 B or more
     in each trip, so a tile that fits would be smaller than the smallest worth a loop (tiles of
@@ -243,7 +269,7 @@ def test_data_movement_in_the_body_counts_as_live_state():
     assert live >= 640 and "fewer than 512" in reason, reason
 
 
-def test_blake2s_split_carry_is_tiled_with_the_cpus_costs():
+def test_blake2s_split_carry_is_tiled_with_the_cpus_costs(one_core):
     """The same program with the defaults: its broadcast initial state (a literal after fold)
     is carried as 16 words, so a trip holds 192 B a block and tiles of 1,024 fit. Measured at
     65,536 blocks: 0.16-0.34x jax.jit, without tiles 0.29-0.34x (tiles win on one core, not

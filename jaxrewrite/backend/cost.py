@@ -37,6 +37,7 @@ strictest about concatenates).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 
@@ -178,6 +179,11 @@ class TargetCosts:
     tile_cache_bytes: int = 0
     tile_budget: float = 0.25
     tile_min: int = 512
+    # Cores XLA:CPU splits one fusion over (its `outer_dimension_partitions`); 0: the cores this
+    # process may run on. A tile is one core's share times this: without it the tile's fusions,
+    # too short to split, ran on one core while the untiled ones used them all (issue 26, 2
+    # cores: ChaCha20 tiles of 8,192 get 2 partitions, tiles of 4,096 none).
+    tile_cores: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -645,3 +651,13 @@ def reroll_measured(compile_ratio: float, run_ratio: float | None, target: str |
     if run_ratio is not None and run_ratio > most_run:
         return False, f"{measured}; rolling may run at most {most_run:g}x"
     return True, measured
+
+
+def cpu_cores(costs: TargetCosts) -> int:
+    """The cores a tile is split over: `costs.tile_cores`, else those this process may use."""
+    if costs.tile_cores:
+        return costs.tile_cores
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)

@@ -566,35 +566,41 @@ def _plan(jaxpr):
 
 
 def _tile_size(plan, costs) -> int:
-    """The power-of-two tile whose carried state fits `tile_budget` of the cache."""
+    """The power-of-two tile: one core's share fits `tile_budget` of that core's cache, and the
+    tile is that share times the cores XLA:CPU splits a fusion over (so the tiled program keeps
+    every core busy, as the untiled one does)."""
     per, B = plan.st.loop_bytes, plan.B
     cache = costs.tile_cache_bytes
+    cores = 1 << int(math.log2(_cost.cpu_cores(costs)))   # (a power of two: tiles divide B)
     if not plan.st.loops:
         raise Decline("no loop carries batched state (XLA fuses straight-line code already)")
     if per > costs.tile_max_element_bytes:
         raise Decline(f"the loop carries {per} B per batch element (at most "
                       f"{costs.tile_max_element_bytes} B: a wider state was measured slower "
                       f"tiled)")
-    # A trip reads the carry and writes the next one. Measured (paired, tiled vs untiled, 1 MiB
-    # L2): ChaCha20's split loop (64 B a block) 8,192 / 16,384 blocks (1 / 2 MiB a trip) 0.6x;
-    # 4,096 blocks (512 KiB) alike; a 5x5-word ARX loop (100 B), 4,096 blocks (800 KiB) 1.1x.
-    if 2 * per * B < cache:
+    # A trip reads the carry and writes the next one, each core its share. Measured (paired,
+    # tiled vs untiled, 1 MiB L2): ChaCha20's split loop (64 B a block) 8,192 / 16,384 blocks
+    # (1 / 2 MiB a trip) 0.6x; 4,096 blocks (512 KiB) alike; a 5x5-word ARX loop (100 B), 4,096
+    # blocks (800 KiB) 1.1x.
+    if 2 * per * B < cache * cores:
         raise Decline(f"loop state {per * B / 1024:.0f} KiB ({per} B x {B}): a trip reads and "
-                      f"writes {2 * per * B / 1024:.0f} KiB, within the cache "
-                      f"({cache // 1024} KiB)")
+                      f"writes {2 * per * B / 1024:.0f} KiB, within the cache of its "
+                      f"{cores} core(s) ({cache // 1024} KiB each)")
     budget = cache * costs.tile_budget
     live = plan.st.live_bytes
-    T = 1 << int(math.log2(max(1, budget / live)))
-    if T < costs.tile_min:
+    share = 1 << int(math.log2(max(1, budget / live)))
+    if share < costs.tile_min:
         raise Decline(f"{live} B live per batch element in a trip: a tile within "
-                      f"{budget / 1024:.0f} KiB holds {T}, fewer than {costs.tile_min}")
-    while T >= costs.tile_min and B % T:
+                      f"{budget / 1024:.0f} KiB holds {share}, fewer than {costs.tile_min}")
+    T = share * cores
+    while T >= costs.tile_min * cores and B % T:
         T //= 2
-    if T < costs.tile_min:
-        raise Decline(f"no power-of-two tile of at least {costs.tile_min} divides the batch "
-                      f"of {B}")
+    if T < costs.tile_min * cores:
+        raise Decline(f"no power-of-two tile of at least {costs.tile_min} per core x {cores} "
+                      f"core(s) divides the batch of {B}")
     if T >= B:
-        raise Decline(f"one tile of {T} holds the batch of {B}")
+        raise Decline(f"one tile of {T} ({cores} core(s) x {T // cores}) holds the batch of {B}: "
+                      f"each core's share already fits its cache")
     return T
 
 
@@ -714,10 +720,11 @@ def run(cj, ctx):
             ctx.report.declined(NAME, getattr(d, "eqn", site), str(d))
         return cj, False
     st = plan.st
-    est = (f"T={T} of {plan.B}: {st.live_bytes} B live a block x {T} = "
-           f"{st.live_bytes * T // 1024} KiB a trip per tile ({st.loop_bytes} B carried: "
-           f"{st.loop_bytes * plan.B // 1024} KiB whole; cache "
-           f"{costs.tile_cache_bytes // 1024} KiB)")
+    cores = 1 << int(math.log2(_cost.cpu_cores(costs)))
+    est = (f"T={T} of {plan.B} ({cores} core(s) x {T // cores}): {st.live_bytes} B live a block "
+           f"x {T // cores} = {st.live_bytes * T // cores // 1024} KiB a trip per core "
+           f"({st.loop_bytes} B carried: {st.loop_bytes * plan.B // 1024} KiB whole; cache "
+           f"{costs.tile_cache_bytes // 1024} KiB a core)")
     ctx.report.applied(NAME, site, after=("scan",), note=est)
     ctx.report.stats["tile"] = dict(T=T, B=plan.B, bytes_per_element=st.loop_bytes,
                                     live_bytes_per_element=st.live_bytes)
