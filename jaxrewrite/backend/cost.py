@@ -184,6 +184,10 @@ class TargetCosts:
     # too short to split, ran on one core while the untiled ones used them all (issue 26, 2
     # cores: ChaCha20 tiles of 8,192 get 2 partitions, tiles of 4,096 none).
     tile_cores: int = 0
+    # Whether a loop carrying arrays per element (not split into words) is tiled. Measured on the
+    # CPU: tiles win on split carries (ChaCha20, BLAKE2s); an unsplit 4x4-word ARX loop over
+    # 65,536 blocks ran 1.3-8.8x jax.jit tiled. Tests turn it on to exercise the rebuild.
+    tile_array_carry: bool = False
 
 
 COSTS: dict[str, TargetCosts] = {
