@@ -421,3 +421,15 @@ def test_cpu_literal_initial_carry_is_split_into_broadcasts():
                and producers[v].invars[0].aval.shape == () for v in inits)
     assert not any(np.size(c) >= 4096 for c in res.jaxpr.consts)
     assert_equivalent(f, msgs, bitwise=True, target="cpu", tile=False)
+
+
+def test_a_constant_piece_is_a_broadcast_only_of_one_bit_pattern():
+    """Pieces of a literal initial carry become broadcasts only where every element has the
+    same bits: 0.0 beside -0.0 stays the constant it is, and so does a NaN (its payload)."""
+    from jaxrewrite.passes import loop_carry
+    x = np.array([[0.0, 1.5, np.nan], [-0.0, 1.5, np.nan]], np.float32)
+    zeros, same, nans = loop_carry._const_pieces(x, (1,))
+    assert isinstance(zeros, np.ndarray) and np.signbit(zeros).tolist() == [False, True]
+    assert not isinstance(same, np.ndarray)
+    np.testing.assert_array_equal(np.asarray(same), [1.5, 1.5])
+    assert isinstance(nans, np.ndarray)

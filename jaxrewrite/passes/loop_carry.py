@@ -63,8 +63,15 @@ def _const_pieces(x: np.ndarray, axes: tuple) -> list:
     (a 65,536-block state would otherwise be a 4 MiB constant the tiles slice)."""
     rest = tuple(d for d in range(x.ndim) if d not in axes)
     y = np.transpose(x, axes + rest).reshape((-1,) + tuple(x.shape[d] for d in rest))
-    return [jnp.full(p.shape, p.flat[0], p.dtype) if p.size and (p == p.flat[0]).all() else p
-            for p in y]
+    return [jnp.full(p.shape, p.flat[0], p.dtype) if _one_value(p) else p for p in y]
+
+
+def _one_value(p: np.ndarray) -> bool:
+    """Every element the same bits (so 0.0 beside -0.0 is two values), and not a NaN (whose
+    payload a broadcast need not keep)."""
+    if not p.size or (p.dtype.kind in "fc" and np.isnan(p.flat[0])):
+        return False
+    return p.tobytes() == np.full(p.shape, p.flat[0], p.dtype).tobytes()
 
 
 def _join(pieces: list, shape: tuple, axes: tuple):
