@@ -645,6 +645,8 @@ def _emit(cj, plan, T):
     batched_out = [(v, a) for v, a in out_axes.items() if a is not None]
     if any(getattr(v.aval, "weak_type", False) for v, _ in batched_out):
         raise Decline("a weakly typed result (the tiles' buffer would not be)")
+    if any(_extended(v.aval.dtype) for v, _ in batched_out):
+        raise Decline("a result of an extended dtype (PRNG keys: no buffer of zeros to fill)")
     # the body's own jaxpr: batched inputs (tiles), uniform values (whole), slices (tiles)
     env, axes = {}, {}
     b_in = [C.new_var(_tile_aval(v.aval, a, T)) for v, a in batched_in]
@@ -689,6 +691,14 @@ def _emit(cj, plan, T):
                 for v in j.outvars]
 
     return C.trace_avals(tiled, [v.aval for v in j.invars])
+
+
+def _extended(dtype) -> bool:
+    try:
+        np.dtype(dtype)
+        return False
+    except TypeError:
+        return True
 
 
 def _iota_tile(eqn, T, off):
