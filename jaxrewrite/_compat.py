@@ -437,6 +437,15 @@ def x64_enabled() -> bool:
     return bool(jax.config.jax_enable_x64)
 
 
+def is_extended_dtype(dtype) -> bool:
+    """Whether `dtype` is one of JAX's extended dtypes (PRNG keys), which numpy cannot hold."""
+    try:
+        np.dtype(dtype)
+        return False
+    except TypeError:
+        return True
+
+
 # --- added for constant folding (fold pass) ------------------------------------------------------
 
 def filtered_debug_info(jaxpr: Jaxpr, keep_in: Sequence[bool] | None = None,

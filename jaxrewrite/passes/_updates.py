@@ -109,12 +109,7 @@ def size(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64))
 
 
-def is_extended(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-        return False
-    except TypeError:
-        return True
+is_extended = C.is_extended_dtype
 
 
 def tagged(shape):

@@ -59,7 +59,7 @@ LAX_OPS = U.LAX_OPS
 # (shared with passes/scalarize.py's use of static updates: passes/_updates.py)
 _size = U.size
 _check_aval = U.check_aval
-_is_extended = U.is_extended
+_is_extended = C.is_extended_dtype
 _reduced_mask = U.reduced_mask
 _tagged = U.tagged
 _clamped_starts = U.clamped_starts

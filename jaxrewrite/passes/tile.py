@@ -438,26 +438,26 @@ def _tile_aval(aval, a, T):
     return aval.update(shape=tuple(shape))
 
 
+# primitive -> (the param holding a size per dim, whether its dims are the result's (else the
+# first operand's)): the batch axis's entry is the batch's size, the tile's once rebuilt
+_SIZE_PARAMS = {
+    "broadcast_in_dim": ("shape", True),
+    "reshape": ("new_sizes", True),
+    "slice": ("limit_indices", False),
+    "gather": ("slice_sizes", False),
+}
+
+
 def _params(eqn, axes, outs, st):
     """`eqn`'s params at tile size (shape params; nested bodies rebuilt)."""
     p = dict(eqn.params)
     name, T = eqn.primitive.name, st.T
-    if name == "broadcast_in_dim" and outs[0] is not None:
-        shape = list(p["shape"])
-        shape[outs[0]] = T
-        p["shape"] = tuple(shape)
-    elif name == "reshape" and outs[0] is not None:
-        sizes = list(p["new_sizes"])
-        sizes[outs[0]] = T
-        p["new_sizes"] = tuple(sizes)
-    elif name == "slice" and axes[0] is not None:
-        lim = list(p["limit_indices"])
-        lim[axes[0]] = T
-        p["limit_indices"] = tuple(lim)
-    elif name == "gather" and axes[0] is not None:
-        sizes = list(p["slice_sizes"])
-        sizes[axes[0]] = T
-        p["slice_sizes"] = tuple(sizes)
+    row = _SIZE_PARAMS.get(name)
+    if row is not None:
+        key, of_result = row
+        d = outs[0] if of_result else axes[0]
+        if d is not None:  # the batch axis's entry of that shape param becomes the tile
+            p[key] = tuple(T if k == d else n for k, n in enumerate(p[key]))
     elif name == "scan":
         nc, nk = p["num_consts"], p["num_carry"]
         # the carry at its settled axes (a batch-sized initial value comes in sliced)
@@ -645,7 +645,7 @@ def _emit(cj, plan, T):
     batched_out = [(v, a) for v, a in out_axes.items() if a is not None]
     if any(getattr(v.aval, "weak_type", False) for v, _ in batched_out):
         raise Decline("a weakly typed result (the tiles' buffer would not be)")
-    if any(_extended(v.aval.dtype) for v, _ in batched_out):
+    if any(C.is_extended_dtype(v.aval.dtype) for v, _ in batched_out):
         raise Decline("a result of an extended dtype (PRNG keys: no buffer of zeros to fill)")
     # the body's own jaxpr: batched inputs (tiles), uniform values (whole), slices (tiles)
     env, axes = {}, {}
@@ -691,14 +691,6 @@ def _emit(cj, plan, T):
                 for v in j.outvars]
 
     return C.trace_avals(tiled, [v.aval for v in j.invars])
-
-
-def _extended(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-        return False
-    except TypeError:
-        return True
 
 
 def _iota_tile(eqn, T, off):
