@@ -189,6 +189,28 @@ def unspecified_sharding():
     return UNSPECIFIED
 
 
+def register_cache(cache, for_what: str):
+    """Have `jax.clear_caches()` clear `cache` (an `lru_cache` of traces) along with JAX's own
+    staging caches, so a compile timed after it is cold here too. Returns `cache`."""
+    try:
+        from jax._src.util import register_cache as register
+    except ImportError:  # a JAX without the registry: the cache lives until the process ends
+        return cache
+    register(cache, for_what)
+    return cache
+
+
+def replicated(sharding) -> bool:
+    """A primitive's `sharding`/`out_sharding` param that constrains nothing: None, or a spec with
+    every dimension unpartitioned (what every op carries once a mesh is set, e.g. by NetKet's
+    `jax.sharding.set_mesh`). The value is the same on every device, so a rewrite may drop it."""
+    if sharding is None:
+        return True
+    spec = getattr(sharding, "spec", None)
+    return (spec is not None and all(d is None for d in spec)
+            and not getattr(spec, "unreduced", None) and not getattr(spec, "reduced", None))
+
+
 def jit_params_for_args(params, keep_in: Sequence[bool] | None = None,
                         keep_out: Sequence[bool] | None = None, **new):
     """A jit equation's params after dropping inputs/outputs (`keep_*` masks), with `new` set."""

@@ -312,6 +312,9 @@ def _traced(fun: Callable, avals: tuple, static: tuple) -> C.ClosedJaxpr:
     return C.trace_avals(lambda *xs: _as_list(fun(*xs, *static)), avals)
 
 
+C.register_cache(_traced, "jaxrewrite: Emitter.call_shared traces")
+
+
 # --- inlining -----------------------------------------------------------------------------------
 
 def inline_calls(jaxpr: C.Jaxpr, should_inline: Callable, candidates=None) -> C.Jaxpr:

@@ -378,3 +378,25 @@ def test_large_vmapped_gather_decline_says_why():
     # below the limit, without gathers='all', the option is what would allow it
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(big[:16]), **OPTS)
     assert any("gathers='all' allows it" in d.reason for d in res.report.declines)
+
+
+def test_repeated_gathers_trace_their_form_once_and_jax_clear_caches_clears_it():
+    """A form emitted many times (a circuit's gates, an unrolled loop) is traced once
+    (`Emitter.call_shared`), and `jax.clear_caches()` clears those traces: a compile timed after
+    it is cold for the rewrite too. The batch dims pass through without tracing `vmap`."""
+    xs = np.arange(8 * 16.0, dtype=np.float32).reshape(8, 16)
+
+    def f(x):
+        y = x
+        for _ in range(6):
+            y = jax.vmap(lambda r: r[np.arange(15, -1, -1)])(y) * 2.0
+        return y
+
+    jax.clear_caches()
+    assert _walk._traced.cache_info().currsize == 0
+    counts = _rewritten(f, xs)
+    assert "gather" not in counts and counts["rev"] == 6
+    info = _walk._traced.cache_info()
+    assert info.currsize == 1 and info.hits >= 5
+    jax.clear_caches()
+    assert _walk._traced.cache_info().currsize == 0

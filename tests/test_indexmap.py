@@ -100,6 +100,24 @@ def test_decompose_is_exact_or_declines(g, mode):
             assert "concatenate" not in IM.program_primitives(prog)
 
 
+@settings(max_examples=max(40, settings.default.max_examples))
+@given(gathers(), st.lists(st.integers(1, 3), min_size=1, max_size=2))
+def test_lifted_program_is_the_program_on_every_leading_element(g, lead):
+    """`lift_program` (what the gathers pass emits instead of tracing `vmap`) applies the
+    program to each element of the leading dims, concatenates included."""
+    shape, idx, dn, sizes = g
+    smap = IM.gather_map(shape, idx, dn, sizes, "clip")
+    try:
+        prog = IM.decompose(shape, smap, allow_concat=True)
+    except Decline:
+        return
+    xs = np.arange(int(np.prod(lead)) * int(np.prod(shape)), dtype=np.int32).reshape(
+        tuple(lead) + shape)
+    got = IM.apply_program(xs, IM.lift_program(prog, tuple(lead)))
+    want = np.stack([IM.apply_program(x, prog) for x in xs.reshape((int(np.prod(lead)),) + shape)])
+    np.testing.assert_array_equal(got, want.reshape(tuple(lead) + want.shape[1:]))
+
+
 def test_mode_none_is_promise_in_bounds():
     dn = GDN(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
     with pytest.raises(Decline):

@@ -395,6 +395,30 @@ def apply_program(x, prog, ops=NUMPY_OPS):
     return x
 
 
+def lift_program(prog, lead: tuple):
+    """`prog` (on core dims) as one program on `lead + core` shapes that applies it to every
+    element of the leading dims: what `vmap` of the program traces, built without tracing.
+
+        before:  vmap(slice[(2,), (3,)])           on (128, 48)
+        after:   slice[(0, 2), (128, 3)]            on (128, 48)
+    """
+    k, lead = len(lead), tuple(lead)
+    if not k:
+        return prog
+    if isinstance(prog, Concat):
+        return Concat(prog.axis + k, tuple(lift_program(p, lead) for p in prog.parts))
+    inner = tuple(range(k))
+    lift = {
+        "reshape": lambda shape: (lead + tuple(shape),),
+        "slice": lambda s, l, st: ((0,) * k + tuple(s), lead + tuple(l), (1,) * k + tuple(st)),
+        "rev": lambda dims: (tuple(d + k for d in dims),),
+        "transpose": lambda perm: (inner + tuple(p + k for p in perm),),
+        "broadcast_in_dim": lambda shape, dims: (lead + tuple(shape),
+                                                 inner + tuple(d + k for d in dims)),
+    }
+    return tuple((step[0], *lift[step[0]](*step[1:])) for step in prog)
+
+
 def program_pieces(prog) -> int:
     """Number of leaf programs (1 for a plain program)."""
     if isinstance(prog, Concat):

@@ -480,6 +480,8 @@ def _evaluate(eqn, vals, report=None) -> list | None:
     memoised results are shared."""
     outs = _numpy_eval(eqn, vals)
     if outs is None:
+        if report is not None:  # each one an XLA compile: visible, since it costs compile time
+            report.count("fold.evaluated_by_xla")
         try:
             outs = C.eval_primitive_on_cpu(eqn.primitive, vals, eqn.params)
         except Exception as e:  # noqa: BLE001 - the equation is kept; the error is recorded
@@ -640,7 +642,7 @@ def _numpy_eval(eqn, vals) -> list | None:
         return None
     allowed, fn = row
     p = eqn.params
-    if any(k not in allowed for k in p) or p.get("sharding") is not None \
+    if any(k not in allowed for k in p) or not C.replicated(p.get("sharding")) \
             or p.get("out_dtype") is not None:
         return None
     vals = [np.asarray(v) for v in vals]

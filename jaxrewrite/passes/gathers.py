@@ -34,7 +34,6 @@ Preconditions and declines (recorded with a reason, the original kept):
 """
 from __future__ import annotations
 
-import jax
 import numpy as np
 from jax import lax
 
@@ -81,12 +80,14 @@ def _program(operand_shape, smap, ctx, concat_pieces: int = 0, concat_ok: bool =
                                      piece_budget=budget, no_concat_reason=why))
 
 
-def _moved(x, prog, fill_mask, fill_value):
-    """The program applied to `x`; FILL positions replaced by `fill_value` as JAX does."""
-    y = IM.apply_program(x, prog, LAX_OPS)
+def _moved(x, prog, fill_mask, fill_value, lead: int = 0):
+    """The program applied to `x`; FILL positions replaced by `fill_value` as JAX does. `lead`:
+    leading dims of `x` the program (and the fill mask) applies to each element of."""
+    y = IM.apply_program(x, IM.lift_program(prog, x.shape[:lead]), LAX_OPS)
     if fill_mask is not None:
         small, dims = _reduced_mask(~fill_mask)
-        inb = lax.broadcast_in_dim(small, y.shape, dims)
+        inb = lax.broadcast_in_dim(small, y.shape,
+                                   tuple(d + lead for d in dims))  # the lead dims: new
         y = lax.select(inb, y, lax.full_like(y, fill_value))
     return y
 
@@ -162,7 +163,7 @@ class _Statics:
             return None
         fn, view = row
         out = None
-        if eqn.params.get("sharding") is None and (view or _size(atom.aval) <= self.limit):
+        if C.replicated(eqn.params.get("sharding")) and (view or _size(atom.aval) <= self.limit):
             vals = [self.value(a) for a in eqn.invars]
             if all(v is not None for v in vals):
                 out = fn(vals, eqn.params)
@@ -221,35 +222,65 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
             raise Decline("FILL_OR_DROP gather without a fill value")
     if passthrough is None:
         prog = _program(xa.shape, smap, ctx)
-        fn = lambda v: _moved(v, prog, fill_mask, fill_value)  # noqa: E731
+        form = (prog, fill_mask, fill_value, None)
     else:
         wide, core_in = passthrough
         # Concatenate forms are searched for gathers of at most IM.SPLIT_MAX_ELEMENTS in all (a
         # vmapped gather over a large batch is none: seed program x 65,536 with gathers="all",
         # concatenates took H200 kernels 11 -> 32 where splitting the axis gives 1).
-        prog = _program(core_in, smap, ctx,
-                        concat_ok=int(np.prod(xa.shape)) <= IM.SPLIT_MAX_ELEMENTS)
-        fn = _batched(lambda v: _moved(v, prog, fill_mask, fill_value), wide, len(xa.shape))
+        concat_ok = int(np.prod(xa.shape)) <= IM.SPLIT_MAX_ELEMENTS
+        prog = _program(core_in, smap, ctx, concat_ok=concat_ok)
+        form = (prog, fill_mask, fill_value, (wide, len(xa.shape)))
     em = _walk.Emitter(eqn)
-    y, = em.call(fn, x)
+    if smap.size <= SHARED_FORM_SIZE:
+        # Repeated gathers (a circuit's 48 gates, an unrolled loop) trace their form once. The
+        # program is a function of the map, the operand shape and the options: that is the key.
+        key = (array_key(smap), tuple(xa.shape), fill_value, ctx.options.gathers,
+               None if passthrough is None else (tuple(sorted(wide.items())), concat_ok))
+        y, = em.call_shared(_moved_form, x, static=(_Keyed(key, form),))
+    else:
+        y, = em.call(lambda v: _moved_form(v, _Keyed(None, form)), x)
     _check_aval(eqn.outvars[0], y)
     ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
     return em.replacement([y])
 
 
+SHARED_FORM_SIZE = 4096   # maps up to this many entries key the shared trace cache by value
+
+
+class _Keyed:
+    """A static argument that hashes and compares by `key` (what determines `value`)."""
+    __slots__ = ("key", "value")
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Keyed) and self.key == other.key
+
+
+def _moved_form(v, keyed: _Keyed):
+    """A gather's structural form applied to `v` (module level: traced once per form)."""
+    prog, fill_mask, fill_value, batched = keyed.value
+    if batched is None:
+        return _moved(v, prog, fill_mask, fill_value)
+    return _batched(lambda u, lead: _moved(u, prog, fill_mask, fill_value, lead), *batched)(v)
+
+
 def _batched(fn, wide: dict, rank: int):
-    """`fn` on the core dims, mapped over the operand dims in `wide` (→ their output dims)."""
+    """`fn(v, lead)` on the core dims, applied along the operand dims in `wide` (→ their output
+    dims), which are moved in front: `lead` of them."""
     pairs = sorted(wide.items(), key=lambda dj: dj[1])   # by output position
     front = [d for d, _ in pairs]
     perm_in = front + [d for d in range(rank) if d not in wide]
 
     def mapped(v):
-        f = fn
-        for _ in pairs:
-            f = jax.vmap(f)
         if perm_in != list(range(rank)):
             v = lax.transpose(v, perm_in)
-        y = f(v)
+        y = fn(v, len(pairs))
         n = y.ndim
         core = [j for j in range(n) if j not in wide.values()]
         perm_out = [0] * n           # output dim j takes result dim perm_out[j]
@@ -400,7 +431,7 @@ def _reduce_sum(eqn, ctx, statics):
     # Read through a broadcast of x: compose with the broadcast's own source map.
     x_atom, bprod = p_atom, statics.producer(p_atom)
     if bprod is not None and bprod.primitive.name == "broadcast_in_dim" and \
-            bprod.params.get("sharding") is None:
+            C.replicated(bprod.params.get("sharding")):
         src_x = bprod.invars[0]
         sa = C.aval_of(src_x)
         bmap = IM.NUMPY_OPS.broadcast_in_dim(_tagged(sa.shape), tuple(pa.shape),

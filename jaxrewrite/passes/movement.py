@@ -123,7 +123,7 @@ def reshape_rule(eqn, defn):
     """
     if eqn.primitive.name == "reshape" and eqn.params.get("dimensions") is not None:
         return None
-    if eqn.primitive.name == "reshape" and eqn.params.get("sharding") is not None:
+    if eqn.primitive.name == "reshape" and not C.replicated(eqn.params.get("sharding")):
         return None
     x = eqn.invars[0]
     out_shape = _shape(eqn.outvars[0])
@@ -134,7 +134,7 @@ def reshape_rule(eqn, defn):
                              or _is_expand_dims(d_eqn)):
         return None
     if d_eqn.primitive.name == "reshape" and (d_eqn.params.get("dimensions") is not None
-                                              or d_eqn.params.get("sharding") is not None):
+                                              or not C.replicated(d_eqn.params.get("sharding"))):
         return None
     src = d_eqn.invars[0]
     if _shape(src) == out_shape:
@@ -145,7 +145,7 @@ def reshape_rule(eqn, defn):
 
 def _is_expand_dims(eqn) -> bool:
     """broadcast_in_dim that only inserts size-1 dims (jnp.array([...])'s expand_dims)."""
-    if eqn.primitive.name != "broadcast_in_dim" or eqn.params.get("sharding") is not None:
+    if eqn.primitive.name != "broadcast_in_dim" or not C.replicated(eqn.params.get("sharding")):
         return False
     x, = eqn.invars[:1]
     bd = tuple(eqn.params["broadcast_dimensions"])

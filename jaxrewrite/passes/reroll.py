@@ -662,6 +662,9 @@ def _read_jaxpr(k: int, avals: tuple) -> C.ClosedJaxpr:
     return C.trace_avals(flat, avals)
 
 
+C.register_cache(_read_jaxpr, "jaxrewrite: reroll row reads")
+
+
 @functools.lru_cache(maxsize=1)
 def _reader():
     """`_list_read` as a `custom_jvp` (the tangent of a row is the same row of the tangents).

@@ -318,7 +318,7 @@ def reshape_emit(b: Builder, eqn, info):
 def broadcast_links(eqn, node):
     x, = eqn.invars
     out = eqn.outvars[0]
-    if eqn.params.get("sharding") is not None:
+    if not C.replicated(eqn.params.get("sharding")):
         return None
     bd = eqn.params["broadcast_dimensions"]
     xs, os_ = shape_of(x), shape_of(out)
@@ -330,7 +330,7 @@ def broadcast_emit(b: Builder, eqn, info):
     """broadcast_in_dim(x) with x split → broadcast_in_dim(x_i); new axes repeat a piece."""
     x, = eqn.invars
     out = eqn.outvars[0]
-    if eqn.params.get("sharding") is not None:
+    if not C.replicated(eqn.params.get("sharding")):
         return None
     bd = eqn.params["broadcast_dimensions"]
     xs, os_ = shape_of(x), shape_of(out)

@@ -386,7 +386,7 @@ def _eqn_axes(eqn, axes, st, top):
     if C.has_effects(eqn) or C.is_stateful(eqn):
         raise Decline(f"{eqn.primitive.name} has effects")
     for k in ("sharding", "out_sharding"):
-        if eqn.params.get(k) is not None:
+        if not C.replicated(eqn.params.get(k)):
             raise Decline(f"{eqn.primitive.name} with a sharding")
     if top and _generator(eqn, st.B):
         return [eqn.params["dimension"]], {}
@@ -705,7 +705,7 @@ def _generator(eqn, B) -> bool:
     """An integer iota along an axis of the batch size: element i is i (made per tile)."""
     p = eqn.params
     return (eqn.primitive.name == "iota" and p["shape"][p["dimension"]] == B
-            and p.get("sharding") is None and np.issubdtype(p["dtype"], np.integer))
+            and C.replicated(p.get("sharding")) and np.issubdtype(p["dtype"], np.integer))
 
 
 def run(cj, ctx):

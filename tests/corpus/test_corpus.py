@@ -25,21 +25,11 @@ pytestmark = [pytest.mark.corpus,
 # Rows that miss the promise today, each with its open cause (xfail, strict=False: an XPASS is
 # not an error). Fixed and no longer listed: NetKet GCNN and e3nn gradient with reroll=True
 # (`backend.cost.reroll_body` declines those bodies); RubiksCube's compile 1.85-1.92x from the
-# rewrite itself (`indexmap.scatter_batch_core`, one scalarize run per round).
-_AGED = ("compile 1.11-1.48x in a full run of this file (every program in one process, after the "
-         "contract checks), 0.93-1.07x measured alone or in `bench/run.py --only corpus` "
-         "(docs/measurements.md): cause not found")
-KNOWN_SLOW: dict[tuple[str, str, str], str] = {
-    **{(make, "forward", options): _AGED
-       for make in ("jumanji_rubiks_cube", "jumanji_game_2048", "jumanji_snake",
-                    "gymnax_breakout")
-       for options in ("defaults", "reroll")},
-    # run 1.11-1.12x in the test's rounds, 1.03-1.16x repeated alone (A/A 0.96-1.07x), 0.89x in
-    # the bench table; with gathers=False 0.94-0.95x: its 3 static gathers become
-    # reshape/transpose/reshape (17 CPU fusions against 18), not resolved
-    **{("jumanji_sudoku", "forward", options): f"run 1.11-1.12x (gathers rewrite suspected); "
-       f"{_AGED}" for options in ("defaults", "reroll")},
-}
+# rewrite itself (`indexmap.scatter_batch_core`, one scalarize run per round); the Jumanji and
+# Gymnax compile 1.11-1.48x that appeared only in a full run of this file: building the NetKet
+# program sets a global mesh, and constant folding declined the replicated shardings every op
+# then carries (`_compat.replicated`).
+KNOWN_SLOW: dict[tuple[str, str, str], str] = {}
 
 ROWS = [(make, direction, options) for make in corpus.PROGRAMS
         for direction in corpus.directions(make) for options in corpus.OPTIONS]
