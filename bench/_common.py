@@ -21,6 +21,12 @@ RESULTS = os.path.join(HERE, "results")
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
 
+def missing(libraries: dict[str, str]) -> list[str]:
+    """The distributions in `libraries` (import name -> distribution) not importable here."""
+    import importlib.util
+    return [dist for mod, dist in libraries.items() if importlib.util.find_spec(mod) is None]
+
+
 def block(x):
     return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.util
 import os
 import sys
 import warnings
@@ -49,7 +48,7 @@ LIBRARIES = {"equinox": "equinox", "flax": "flax", "optax": "optax", "diffrax": 
 
 def missing() -> list[str]:
     """The clients libraries that are not importable here."""
-    return [dist for mod, dist in LIBRARIES.items() if importlib.util.find_spec(mod) is None]
+    return _common.missing(LIBRARIES)
 
 
 @dataclasses.dataclass

@@ -30,7 +30,6 @@ promise (with the A/A noise as slack).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import statistics
 import sys
@@ -67,7 +66,7 @@ VARIANTS = ("jit", "jit_aa", *OPTIONS)
 
 def missing() -> list[str]:
     """The corpus libraries that are not importable here."""
-    return [dist for mod, dist in LIBRARIES.items() if importlib.util.find_spec(mod) is None]
+    return _common.missing(LIBRARIES)
 
 
 @dataclasses.dataclass

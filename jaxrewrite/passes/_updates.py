@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import jax
 import numpy as np
 from jax import lax
 
@@ -258,12 +257,14 @@ def emit_select(eqn, u: Update, program: Callable, ops=LAX_OPS) -> _walk.Replace
 
 
 def _select_form(xv, uv, layers_, combine, lead, ops):
+    """The layers on the core dims, applied along the `lead` leading dims by lifting each
+    program onto them (`indexmap.lift_program`: what `vmap` would trace, without tracing it)."""
     def build(xv, uv):
         y = xv
         for prog, mask_shape, mask_bytes, dims in layers_:
-            moved = IM.apply_program(uv, prog, ops)
+            moved = IM.apply_program(uv, IM.lift_program(prog, uv.shape[:lead]), ops)
             small = np.frombuffer(mask_bytes, dtype=bool).reshape(mask_shape)
-            hit_b = lax.broadcast_in_dim(small, y.shape, dims)
+            hit_b = lax.broadcast_in_dim(small, y.shape, tuple(d + lead for d in dims))
             if combine is _combine_add:
                 # y + select(hit, moved, -0.0): adding -0.0 is the exact identity (signed zeros
                 # and NaNs kept), and `y` is used once, so its cotangents are summed as JAX sums
@@ -275,8 +276,6 @@ def _select_form(xv, uv, layers_, combine, lead, ops):
                 y = lax.select(hit_b, new, y)
         return y
 
-    for _ in range(lead):  # the core's layers mapped over the leading dims
-        build = jax.vmap(build)
     return build(xv, uv)
 
 

@@ -8,20 +8,13 @@ reason, rather than failing; the default `-m "not slow and not clients"` deselec
 import os
 import sys
 
-import pytest
-
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+from extras import skip_where_missing  # noqa: E402  (tests/extras.py)
 import clients  # noqa: E402  (bench/clients.py: the programs; imports no library until called)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
-    absent = clients.missing()
-    if not absent:
-        return
-    skip = pytest.mark.skip(reason=f"clients extra not installed ({', '.join(absent)} missing): "
-                                   f"pip install -e '.[test,clients]'")
-    for item in items:
-        if str(item.path).startswith(HERE + os.sep):
-            item.add_marker(skip)
+    skip_where_missing(items, HERE, clients.missing(), "test,clients")

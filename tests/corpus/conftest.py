@@ -8,20 +8,13 @@ reason; the default `-m "not slow and not clients and not corpus"` deselects the
 import os
 import sys
 
-import pytest
-
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+from extras import skip_where_missing  # noqa: E402  (tests/extras.py)
 import corpus  # noqa: E402  (bench/corpus.py: the programs; imports no library until called)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
-    absent = corpus.missing()
-    if not absent:
-        return
-    skip = pytest.mark.skip(reason=f"corpus extra not installed ({', '.join(absent)} missing): "
-                                   f"pip install -e '.[test,clients,corpus]'")
-    for item in items:
-        if str(item.path).startswith(HERE + os.sep):
-            item.add_marker(skip)
+    skip_where_missing(items, HERE, corpus.missing(), "test,clients,corpus")
