@@ -400,3 +400,17 @@ def test_repeated_gathers_trace_their_form_once_and_jax_clear_caches_clears_it()
     assert info.currsize == 1 and info.hits >= 5
     jax.clear_caches()
     assert _walk._traced.cache_info().currsize == 0
+
+
+def test_shared_forms_keep_each_fill_value_bit_for_bit():
+    """Forms traced once are keyed by the fill value's bits: -0.0 and 0.0 (equal as floats, one
+    hash) are two forms. Found in review: the -0.0 gather reused the 0.0 gather's trace."""
+    idx = np.array([3, 9, 1, 12])[:, None]     # 9 and 12 out of bounds: filled
+    dn = lax.GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0,),
+                                    start_index_map=(0,))
+    x = np.arange(8.0, dtype=np.float32)
+    for fill in (0.0, -0.0, np.nan, 0.0):
+        f = lambda v, fill=fill: lax.gather(  # noqa: E731
+            v, idx, dn, (1,), mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=fill)
+        counts = _rewritten(f, x, vmap=False)  # bit for bit with jax.jit, -0.0 included
+        assert "gather" not in counts

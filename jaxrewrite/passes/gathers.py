@@ -235,7 +235,9 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
     if smap.size <= SHARED_FORM_SIZE:
         # Repeated gathers (a circuit's 48 gates, an unrolled loop) trace their form once. The
         # program is a function of the map, the operand shape and the options: that is the key.
-        key = (array_key(smap), tuple(xa.shape), fill_value, ctx.options.gathers,
+        # (the fill value by its bits: -0.0 == 0.0 and they hash alike, NaN != NaN)
+        fill = None if fill_value is None else array_key(np.asarray(fill_value, xa.dtype))
+        key = (array_key(smap), tuple(xa.shape), fill, ctx.options.gathers,
                None if passthrough is None else (tuple(sorted(wide.items())), concat_ok))
         y, = em.call_shared(_moved_form, x, static=(_Keyed(key, form),))
     else:
