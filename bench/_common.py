@@ -7,6 +7,7 @@ ratio in one run means a lot.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -23,7 +24,6 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 def missing(libraries: dict[str, str]) -> list[str]:
     """The distributions in `libraries` (import name -> distribution) not importable here."""
-    import importlib.util
     return [dist for mod, dist in libraries.items() if importlib.util.find_spec(mod) is None]
 
 

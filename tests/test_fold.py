@@ -268,15 +268,15 @@ def test_numpy_evaluation_is_bit_exact_against_xla(name):
 
 def test_same_bits_tells_signed_zeros_and_nan_payloads_apart():
     """select_n with equal arms is forwarded only when the arms are equal bit for bit."""
-    from jaxrewrite.passes.fold import _same_bits
+    from jaxrewrite._memo import same_bits
     z = np.zeros(5, np.float32)
     nz = -z
     q = np.full(5, np.nan, np.float32)
     q2 = q.view(np.uint32).copy()
     q2[3] ^= 1                                  # another NaN payload at one position
-    assert _same_bits(z, z.copy()) and _same_bits(q, q.copy())
-    assert not _same_bits(z, nz)
-    assert not _same_bits(q, q2.view(np.float32))
+    assert same_bits(z, z.copy()) and same_bits(q, q.copy())
+    assert not same_bits(z, nz)
+    assert not same_bits(q, q2.view(np.float32))
     b = np.arange(12, dtype=np.int8).reshape(3, 4)
-    assert _same_bits(b.T, b.T.copy()) and not _same_bits(b.T, b.T[::-1])
-    assert _same_bits(np.asarray(True), np.asarray(True))
+    assert same_bits(b.T, b.T.copy()) and not same_bits(b.T, b.T[::-1])
+    assert same_bits(np.asarray(True), np.asarray(True))

@@ -46,7 +46,7 @@ import numpy as np
 
 from .. import _compat as C
 from .. import _walk
-from .._memo import array_key, memo
+from .._memo import array_key, memo, same_bits
 
 NAME = "fold"
 
@@ -439,20 +439,10 @@ def _same_value(a, b, static) -> bool:
     if a is b:
         return True
     va, vb = _atom_value(a, static), _atom_value(b, static)
+    # (bits compared in place: a vmapped `switch` compares arms of 16,384 elements hundreds of
+    # times)
     return (va is not None and vb is not None and va.dtype == vb.dtype
-            and va.shape == vb.shape and _same_bits(va, vb))
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit equality (NaN payloads and -0.0 told apart), compared in place: a vmapped
-    `switch` compares arms of 16,384 elements hundreds of times (RubiksCube)."""
-    if a is b:
-        return True
-    if a.dtype.kind == "O" or a.dtype.itemsize == 0:
-        return a.tobytes() == b.tobytes()
-    a8 = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    b8 = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return bool(np.array_equal(a8, b8))
+            and va.shape == vb.shape and same_bits(va, vb))
 
 
 def _select_n_forward(eqn, static):

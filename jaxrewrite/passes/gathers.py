@@ -49,6 +49,7 @@ from . import _updates as U
 
 NAME = "gathers"
 PIECE_BUDGET = 32
+SHARED_FORM_SIZE = 4096   # maps up to this many entries key the shared trace cache by value
 # Operand dims above this size that every window takes whole (a vmapped gather's batch) are left
 # out of the index map and passed through: the map stays the size of one window's permutation.
 WIDE_DIM = U.WIDE_DIM
@@ -245,9 +246,6 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
     _check_aval(eqn.outvars[0], y)
     ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
     return em.replacement([y])
-
-
-SHARED_FORM_SIZE = 4096   # maps up to this many entries key the shared trace cache by value
 
 
 class _Keyed:

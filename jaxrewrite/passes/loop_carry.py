@@ -32,6 +32,7 @@ from jax import lax
 
 from .. import _compat as C
 from .. import _walk
+from .._memo import same_bits
 from . import fold
 
 
@@ -71,7 +72,7 @@ def _one_value(p: np.ndarray) -> bool:
     payload a broadcast need not keep)."""
     if not p.size or (p.dtype.kind in "fc" and np.isnan(p.flat[0])):
         return False
-    return p.tobytes() == np.full(p.shape, p.flat[0], p.dtype).tobytes()
+    return same_bits(p, np.full(p.shape, p.flat[0], p.dtype))
 
 
 def _join(pieces: list, shape: tuple, axes: tuple):
