@@ -318,6 +318,16 @@ def trace_avals(fun: Callable, avals: Sequence, ctx=None) -> ClosedJaxpr:
     """
     if ctx is not None and any(_varying(a) for a in avals):
         return _trace_manual(fun, avals, ctx)
+    if all(type(a) is _core.ShapedArray for a in avals):
+        # traced straight to a jaxpr: `jax.make_jaxpr` wraps the function in a `jit` trace
+        # first, twice the time for the one- or two-equation forms rewrites emit in hundreds
+        from jax._src import api_util
+        from jax._src import linear_util as lu
+        from jax._src.interpreters import partial_eval as pe
+        dbg = api_util.debug_info("jaxrewrite", fun, avals, {})
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fun, debug_info=dbg),
+                                                     list(avals))
+        return ClosedJaxpr(jaxpr, consts)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
              for a in avals]
     return jax.make_jaxpr(fun)(*specs)

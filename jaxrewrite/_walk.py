@@ -317,6 +317,32 @@ C.register_cache(_traced, "jaxrewrite: Emitter.call_shared traces")
 
 # --- inlining -----------------------------------------------------------------------------------
 
+def plain_call(eqn) -> bool:
+    """A `jit` equation that inlining cannot change: no shardings, layouts, donation, effects,
+    compiler options, and constants known at rewrite time (they become literals)."""
+    p = eqn.params
+    u = C.unspecified_sharding()
+    return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
+            and all(s is u or s is None
+                    for s in tuple(p.get("in_shardings", ())) + tuple(p.get("out_shardings", ())))
+            and all(lay is None for lay in tuple(p.get("in_layouts", ()))
+                    + tuple(p.get("out_layouts", ())))
+            and not p.get("compiler_options_kvs")
+            and all(C.is_foldable_const(c) for c in p["jaxpr"].consts))
+
+
+def inline_body(body: C.ClosedJaxpr, args, out: list) -> list:
+    """Append `body`'s equations, renamed, to `out` (source infos kept); its results' atoms."""
+    env = dict(zip(body.jaxpr.invars, args))
+    env.update({v: C.literal(np.asarray(c), v.aval)
+                for v, c in zip(body.jaxpr.constvars, body.consts)})
+    for e in body.jaxpr.eqns:
+        outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
+        out.append(e.replace(invars=[substitute(a, env) for a in e.invars], outvars=outs))
+        env.update(zip(e.outvars, outs))
+    return [substitute(a, env) for a in body.jaxpr.outvars]
+
+
 def inline_calls(jaxpr: C.Jaxpr, should_inline: Callable, candidates=None) -> C.Jaxpr:
     """`jaxpr` with every `jit` equation for which `should_inline(eqn)` holds replaced by its
     body (fresh variables; the body's constants, which the predicate guarantees are known,
@@ -335,16 +361,7 @@ def inline_calls(jaxpr: C.Jaxpr, should_inline: Callable, candidates=None) -> C.
         if i not in candidates or not C.is_jit(eqn) or not should_inline(eqn):
             eqns.append(eqn)
             continue
-        inner = eqn.params["jaxpr"]
-        ienv = dict(zip(inner.jaxpr.invars, eqn.invars))
-        ienv.update({v: C.literal(np.asarray(c), v.aval)
-                     for v, c in zip(inner.jaxpr.constvars, inner.consts)})
-        for e in inner.jaxpr.eqns:
-            outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
-            eqns.append(e.replace(invars=[substitute(a, ienv) for a in e.invars], outvars=outs))
-            ienv.update(zip(e.outvars, outs))
-        for v, a in zip(eqn.outvars, inner.jaxpr.outvars):
-            env[v] = substitute(a, ienv)
+        env.update(zip(eqn.outvars, inline_body(eqn.params["jaxpr"], eqn.invars, eqns)))
         changed = True
     if not changed:
         return jaxpr

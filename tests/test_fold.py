@@ -280,3 +280,26 @@ def test_same_bits_tells_signed_zeros_and_nan_payloads_apart():
     b = np.arange(12, dtype=np.int8).reshape(3, 4)
     assert same_bits(b.T, b.T.copy()) and not same_bits(b.T, b.T[::-1])
     assert same_bits(np.asarray(True), np.asarray(True))
+
+
+def test_calls_specialised_per_site_to_trivial_bodies_are_inlined_shared_ones_stay():
+    """qujax reads each of 48 angles through one jitted indexing helper; folding
+    specialises every call to its own index, and each body becomes one slice: 48 functions,
+    each lowered and compiled alone, for nothing. Those are inlined. A trivial body that several
+    calls share is one function already (and reroll's chains are made of such calls): kept."""
+    read = jax.jit(lambda v, i: v[i])
+    double = jax.jit(lambda x: x * 2.0)
+
+    def f(v):
+        angles = jnp.stack([read(v, k) for k in range(6)])
+        return jnp.cos(angles), double(v), double(v + 1.0)
+    v = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32)
+    before = jax.make_jaxpr(f)(v)
+    assert sum(C.is_jit(e) for e in before.jaxpr.eqns) == 8
+    res = jaxrewrite.rewrite_jaxpr_with_report(before)
+    calls = [e for e in res.jaxpr.jaxpr.eqns if C.is_jit(e)]
+    assert len(calls) == 2 and calls[0].params["jaxpr"] is calls[1].params["jaxpr"]
+    assert primitive_counts(calls[0].params["jaxpr"]) == {"mul": 1}
+    assert "gather" not in primitive_counts(res.jaxpr)
+    assert res.report.counts["fold.inlined"] == 6
+    assert_equivalent(f, v, vmap=False)

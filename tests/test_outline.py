@@ -147,7 +147,8 @@ def test_forward_chain_of_a_differentiated_checkpoint_stack_is_rolled():
             x = jax.checkpoint(layer)(w, x)
         return (x * x).sum()
 
-    ws = [np.eye(4, dtype=np.float32) * (0.5 + 0.1 * i) for i in range(6)]
+    # 8 layers: the backward chain has 4+ trips (`backend.cost.REROLL_MIN_TRIPS`)
+    ws = [np.eye(4, dtype=np.float32) * (0.5 + 0.05 * i) for i in range(8)]
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     g = jax.grad(stack)
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(g)(ws, x), reroll=True)

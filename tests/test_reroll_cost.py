@@ -140,7 +140,7 @@ def test_bodies_moving_data_around_contractions_are_declined_with_the_estimate(n
 
 
 def test_winning_bodies_still_roll_forward_and_backward():
-    args = _mlp_args()
+    args = _mlp_args(n=5)       # backward: 4 trips (`REROLL_MIN_TRIPS`; the first layer differs)
     cj, report = _rewrite(_mlp_net, *args, reroll=True)
     assert _rolled(cj) == 1 and not _cost_declines(report)
     cj, report = _rewrite(jax.grad(_mlp_net, argnums=(0, 1)), *args, reroll=True)
@@ -169,6 +169,23 @@ def test_rule_rows():
     why = _cost.reroll_body({"gather": 1, "pad": 3}, 1, 3, "cpu")
     assert why and "3 trips" in why and "4 equation(s)" in why and "gather x1" in why
     assert _cost.reroll_body({"gather": 1}, 1, 3, "gpu") is None           # not measured there
+    why = _cost.reroll_body({}, 2, 3, "cpu")                               # a short chain
+    assert why and "3 trips" in why and "2 contraction(s)" in why
+    assert _cost.reroll_body({}, 2, _cost.REROLL_MIN_TRIPS["cpu"], "cpu") is None
+    assert _cost.reroll_body({}, 0, 3, "cpu") is None                      # no contraction
+
+
+def test_short_chains_of_contractions_stay_unrolled_unless_measured(cache_dir, monkeypatch):
+    """Three layers (a qujax circuit's, 1.03-1.07x rolled) are declined with the estimate; four
+    roll; `autotune="time"` measures the three instead."""
+    args = _mlp_args(n=3)
+    cj, report = _rewrite(_mlp_net, *args, reroll=True)
+    assert _rolled(cj) == 0 and report.counts["reroll.declined_by_cost"] == 1
+    assert _rolled(_rewrite(_mlp_net, *_mlp_args(n=4), reroll=True)[0]) == 1
+    monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (float("inf"), float("inf")))
+    cj, report = _rewrite(_mlp_net, *args, reroll=True, autotune="time")
+    assert _rolled(cj) == 1 and report.counts["reroll.model_overridden"] == 1
+    assert_equivalent(_mlp_net, *args, reroll=True, rtol=RTOL, vmap=False)
 
 
 @pytest.fixture

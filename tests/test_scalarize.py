@@ -46,10 +46,20 @@ def test_idempotent():
     assert primitive_counts(once) == primitive_counts(twice)
 
 
+def _gathers_per_call(j) -> int:
+    """Gathers one evaluation runs: a call's body counted at each call (flatten inlines a call
+    specialised to one site, so counting distinct bodies would count its gather twice)."""
+    from jaxrewrite import _compat as C
+    j = j.jaxpr if isinstance(j, C.ClosedJaxpr) else j
+    return sum((e.primitive.name == "gather")
+               + sum(_gathers_per_call(sub) for _, _, sub in C.params_jaxprs(e.params))
+               for e in j.eqns)
+
+
 def test_off_keeps_the_gather():
     before = jax.make_jaxpr(jax.vmap(chacha1))(KEYS)
     cj = jaxrewrite.rewrite_jaxpr(before, scalarize=False)
-    assert primitive_counts(cj).get("gather", 0) == primitive_counts(before)["gather"]
+    assert _gathers_per_call(cj) == _gathers_per_call(before) > 0
 
 
 def test_lone_permutation_declined_in_auto():

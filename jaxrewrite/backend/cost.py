@@ -610,6 +610,16 @@ def reroll_backward(has_contraction: bool, target: str | None) -> str | None:
 REROLL_MOVERS = frozenset({"concatenate", "gather", "scatter", "scatter-add", "scatter_add",
                            "scatter-mul", "scatter-min", "scatter-max", "pad", "fft"})
 REROLL_MAX_MOVERS = {"cpu": 0}      # most such equations per trip beside contractions, by default
+# Fewest trips a chain of bodies with contractions is rolled in by default. Every body measured
+# slower rolled on the CPU was a short chain: the e3nn-jax and GCNN chains above (3 trips), and a
+# qujax circuit's layers (3 of 4 rolled, each reading its 12 angles at offsets that became the
+# scan's xs; 17 small complex contractions and 14 transposes a trip, no `REROLL_MOVERS`): run
+# 1.03-1.07x the unrolled program's (paired medians of 15-21 calls, A/A 0.99-1.00), with the same
+# kernels (rolled 24 fusions and 17 dots a trip; unrolled 129 fusions and 79 dots in all), and
+# compile 0.81x. The chains measured winning rolled had 8-32 trips (bench/models.py). What
+# XLA:CPU does differently across three unrolled layers is not established; three trips save
+# the compile of two bodies, so the default keeps them unrolled and `autotune="time"` measures.
+REROLL_MIN_TRIPS = {"cpu": 4}
 
 
 def reroll_body(movers: dict, contractions: int, trips: int, target: str | None) -> str | None:
@@ -619,6 +629,12 @@ def reroll_body(movers: dict, contractions: int, trips: int, target: str | None)
     limit = REROLL_MAX_MOVERS.get(target or "cpu")
     n = sum(movers.values())
     if limit is None or not contractions or n <= limit:
+        fewest = REROLL_MIN_TRIPS.get(target or "cpu")
+        if contractions and fewest is not None and trips < fewest:
+            return (f"estimate on {target}: {trips} trips of a body with {contractions} "
+                    f"contraction(s) (at least {fewest} rolled by default): short chains ran "
+                    f"slower rolled (qujax layers, 3 trips: 1.03-1.07x); autotune='time' "
+                    f"measures it instead")
         return None
     what = ", ".join(f"{p} x{c}" for p, c in sorted(movers.items()))
     return (f"estimate on {target}: each of the {trips} trips would move data or call a library "

@@ -153,19 +153,6 @@ def _largest_piece(cj, max_axis: int, permuting: bool, memo: dict | None = None)
     return best
 
 
-def _plain_call(eqn) -> bool:
-    """A `jit` equation that inlining cannot change: no shardings, layouts, donation, effects."""
-    p = eqn.params
-    u = C.unspecified_sharding()
-    return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
-            and all(s is u or s is None
-                    for s in tuple(p.get("in_shardings", ())) + tuple(p.get("out_shardings", ())))
-            and all(lay is None for lay in tuple(p.get("in_layouts", ()))
-                    + tuple(p.get("out_layouts", ())))
-            and not p.get("compiler_options_kvs")
-            and all(C.is_foldable_const(c) for c in p["jaxpr"].consts))
-
-
 def _inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
     """Why a loop body is not exact to unroll (None: it is). `integers_exact`: any primitive
     whose results are integers or booleans is exact (a carry split keeps the body's code, so
@@ -183,23 +170,11 @@ def _inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
     return None
 
 
-def _inline_body(body: C.ClosedJaxpr, args, out: list) -> list:
-    """Append `body`'s equations, renamed, to `out` (source infos kept); its results' atoms."""
-    env = dict(zip(body.jaxpr.invars, args))
-    env.update({v: C.literal(np.asarray(c), v.aval)
-                for v, c in zip(body.jaxpr.constvars, body.consts)})
-    for e in body.jaxpr.eqns:
-        outs = [v if C.is_dropvar(v) else C.new_var(v.aval) for v in e.outvars]
-        out.append(e.replace(invars=[_walk.substitute(a, env) for a in e.invars], outvars=outs))
-        env.update(zip(e.outvars, outs))
-    return [_walk.substitute(a, env) for a in body.jaxpr.outvars]
-
-
 def _inline_all(jaxpr, depth: int = 16):
     """`jaxpr` with its plain calls inlined, and theirs (a loop body about to be unrolled: a
     jitted double round whose `jnp.take` is a `_take` call of its own)."""
     for _ in range(depth):
-        new = _walk.inline_calls(jaxpr, _plain_call)
+        new = _walk.inline_calls(jaxpr, _walk.plain_call)
         if new is jaxpr:
             break
         jaxpr = new
@@ -264,7 +239,7 @@ def _unroll(eqn, trips, body, consts, init, xs=(), reverse=False):
     ys: list = []
     for t in (reversed(range(trips)) if reverse else range(trips)):
         x_t = [em.call(lambda v, t=t: lax.index_in_dim(v, t, keepdims=False), x)[0] for x in xs]
-        outs = _inline_body(body, list(consts) + carry + x_t, em.eqns)
+        outs = _walk.inline_body(body, list(consts) + carry + x_t, em.eqns)
         carry = outs[:nk]
         ys.append(outs[nk:])
     if reverse:
@@ -335,7 +310,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
             return None
         # the body's plain calls are inlined with it (bottom-up, they are flat already)
         flat = _inline_all(body.jaxpr)
-        calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _plain_call(e))
+        calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _walk.plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
         if split_carry and trips >= lc.min_split_trips:
@@ -391,7 +366,7 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
     splits = ctx.options.scalarize not in (False, None)
 
     def should(eqn, level_piece):
-        if not _plain_call(eqn) or not any(
+        if not _walk.plain_call(eqn) or not any(
                 _small_axis(v, max_axis) for v in (*eqn.invars, *eqn.outvars)
                 if not C.is_literal(v) and not C.is_dropvar(v)):
             return False

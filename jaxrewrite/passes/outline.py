@@ -307,7 +307,6 @@ def _body(eqns, p: int, L: int, groups, exports, slots0, offset_slots=None):
         before:  w = slice[start_indices=(3,), limit_indices=(6,)] params      (segment 1)
         after:   w = dynamic_slice[slice_sizes=(3,)] params i                  (i: 3 in segment 1)
     """
-    from jax import lax
     invars = [C.new_var(C.aval_of(slots0[g[0]])) for g in groups]
     env: dict = {}
     by_slot = {s: v for g, v in zip(groups, invars) for s in g}
@@ -330,8 +329,8 @@ def _body(eqns, p: int, L: int, groups, exports, slots0, offset_slots=None):
             sizes = tuple(h - l for l, h in zip(e.params["start_indices"],
                                                  e.params["limit_indices"]))
             em = _walk.Emitter(e)
-            w, = em.call(lambda x, *i: lax.dynamic_slice(x, i, sizes), new_in[0],
-                         *(by_slot[t] for t in offset_slots[o]))
+            w, = em.call_shared(_window, new_in[0], *(by_slot[t] for t in offset_slots[o]),
+                                static=(sizes,))
             body_eqns.extend(em.eqns)
             env[e.outvars[0]] = out_at[(o, 0)] = w
             continue
@@ -343,6 +342,13 @@ def _body(eqns, p: int, L: int, groups, exports, slots0, offset_slots=None):
         body_eqns.append(e.replace(invars=new_in, outvars=outs))
     outvars = [out_at[x] for x in exports]
     return C.closed(C.new_jaxpr(invars, body_eqns, outvars, "outlined"), ())
+
+
+def _window(x, *starts_and_sizes):
+    """`x[starts : starts + sizes]` at runtime start indices (`Emitter.call_shared`'s form)."""
+    from jax import lax
+    *starts, sizes = starts_and_sizes
+    return lax.dynamic_slice(x, starts, sizes)
 
 
 def _hoist_constants(eqns) -> list:
@@ -363,8 +369,10 @@ def _hoist_constants(eqns) -> list:
     return front + rest if front and rest else list(eqns)
 
 
-def outline_level(jaxpr, keyer: Keyer, min_len: int):
+def outline_level(jaxpr, keyer: Keyer, min_len: int, veto=None):
     """(new jaxpr, bodies outlined) for one level; (jaxpr, set()) when no run is found.
+    `veto(segment equations, trips)`: a reason not to roll a run found (the cost model's, asked
+    before its body is built; the caller records it), whose equations are then left as they are.
 
     Each round's calls never repeat (-1 in `sigs`): outlining L layers and then, in the next
     round, groups of 8 of those calls would nest them (a scan of L/8 trips of 8 layers)."""
@@ -388,6 +396,9 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
         p, L, k, (groups, exports, slots, _) = run
         if not exports:
             break
+        if veto is not None and veto(eqns[p:p + L], k):
+            sigs, wsigs = [[*ss[:p], *[-1] * (k * L), *ss[p + k * L:]] for ss in (sigs, wsigs)]
+            continue
         # windows read at offsets that differ per segment: their start indices are arguments
         # (literals, one per segment), which `reroll` scans as xs
         offset_slots = {}
@@ -404,15 +415,23 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int):
             return C.eval_jaxpr(body, *args)
 
         call = jax.jit(outlined)  # one function object: every segment's call shares one body
+        body_avals = tuple(C.aval_key(v.aval) for v in body.jaxpr.invars)
         new_eqns, env, traced = eqns[:p], {}, {}
         for m in range(k):
             em = _walk.Emitter(eqns[p + m * L])
             args = [slots[m][g[0]] for g in groups]
             args = [_walk.substitute(a, env) for a in args]
-            avals = tuple(C.aval_of(a) for a in args)   # the call traced once per operand types
-            if avals not in traced:
-                traced[avals] = C.trace_avals(lambda *xs: list(call(*xs)), avals, em.eqn.ctx)
-            outs = em.inline(traced[avals], args)
+            avals = tuple(C.aval_of(a) for a in args)
+            if tuple(C.aval_key(a) for a in avals) == body_avals:
+                # the body's own operand types: called as it is (tracing it again through
+                # `jax.jit` costs a trace of every equation, for the same jaxpr)
+                outs = [C.new_var(v.aval) for v in body.jaxpr.outvars]
+                em.eqns.append(C.make_jit_eqn(args, outs, body, "outlined",
+                                              em.eqn.source_info, em.eqn.ctx))
+            else:   # (other operand types, weak or varying: traced once per types)
+                if avals not in traced:
+                    traced[avals] = C.trace_avals(lambda *xs: list(call(*xs)), avals, em.eqn.ctx)
+                outs = em.inline(traced[avals], args)
             for (o, q), new in zip(exports, outs):
                 old = eqns[p + m * L + o].outvars[q]
                 if not C.is_dropvar(old):

@@ -155,7 +155,8 @@ def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = Fal
     (`outline`) and are rolled the same way. Outlined calls that no chain rolls are inlined
     back, so outlining alone never changes a level."""
     rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx, soft)
-    outlined, bodies = outline.outline_level(rolled, keyer, min_len)
+    outlined, bodies = outline.outline_level(rolled, keyer, min_len,
+                                             None if soft else _segment_veto(ctx))
     if not bodies:
         return rolled, n
     new, m = _reroll_level(outlined, keyer, min_len, ctx, soft)
@@ -856,6 +857,24 @@ def _body_cost(call, trips: int, target) -> str | None:
     prims = collections.Counter(e.primitive.name for e in _walk.iter_eqns(cj))
     return _cost.reroll_body({p: n for p, n in prims.items() if p in _cost.REROLL_MOVERS},
                              sum(prims[p] for p in _cost.REROLL_CONTRACTIONS), trips, target)
+
+
+def _segment_veto(ctx):
+    """`outline_level`'s veto: the cost model's verdict on a run of inline code (one segment's
+    equations, at any depth), recorded as a decline, before a body is built for it."""
+    def veto(segment, trips: int) -> str | None:
+        prims = collections.Counter(e.primitive.name for e in segment)
+        for e in segment:
+            for _, _, sub in C.params_jaxprs(e.params):
+                prims.update(q.primitive.name for q in _walk.iter_eqns(sub))
+        why = _cost.reroll_body({p: n for p, n in prims.items() if p in _cost.REROLL_MOVERS},
+                                sum(prims[p] for p in _cost.REROLL_CONTRACTIONS), trips,
+                                ctx.target)
+        if why is not None:
+            ctx.report.count(f"{NAME}.declined_by_cost")
+            ctx.report.declined(NAME, segment[0], why)
+        return why
+    return veto
 
 
 def _slow_body(call, trips: int, ctx, soft: bool) -> str | None:

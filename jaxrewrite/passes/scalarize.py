@@ -799,16 +799,6 @@ def _has_static_gather(cj) -> bool:
                or e.primitive.name in ("concatenate", "rev") for e in cj.jaxpr.eqns)
 
 
-def _plain_call(eqn) -> bool:
-    """A `jit` equation that inlining cannot change: no shardings, layouts, donation, effects."""
-    p = eqn.params
-    u = C.unspecified_sharding()
-    return (C.is_jit(eqn) and not eqn.effects and not any(p.get("donated_invars", ()))
-            and all(s is u or s is None for s in p.get("in_shardings", ()) + p.get("out_shardings", ()))
-            and all(l is None for l in p.get("in_layouts", ()) + p.get("out_layouts", ()))
-            and not p.get("compiler_options_kvs"))
-
-
 def inline_gather_calls(jaxpr, max_eqns: int = 128):
     """Inline small plain `jit` calls whose body holds a static gather (jnp.take's `_take`).
 
@@ -818,7 +808,7 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
     """
     def inline(eqn):
         inner = eqn.params["jaxpr"]
-        return (_plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns
+        return (_walk.plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns
                 and _has_static_gather(inner)
                 and all(C.is_foldable_const(c) for c in inner.consts))
     return _walk.inline_calls(jaxpr, inline)
@@ -853,7 +843,7 @@ def inline_split_calls(jaxpr, max_axis: int, max_eqns: int = 32):
 
     def inline(eqn):
         inner = eqn.params["jaxpr"]
-        return (_plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns and _piecewise(inner)
+        return (_walk.plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns and _piecewise(inner)
                 and all(C.is_foldable_const(c) for c in inner.consts))
     return _walk.inline_calls(jaxpr, inline)
 
