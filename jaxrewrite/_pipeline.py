@@ -4,7 +4,8 @@ A pass is a pure function `run(cj: ClosedJaxpr, ctx: Context) -> (ClosedJaxpr, c
 living in `jaxrewrite/passes/<name>.py`. The table below is the order:
 
 1. fold       - integer/boolean index arithmetic over constants becomes literals; small jits
-                called with constants are specialised at the call site (so gathers see indices).
+                called with constants are specialised at the call site (so gathers see indices),
+                and inlined where the specialised body is trivial (one function per site, else).
 2. gathers    - static-index gather/scatter/dynamic_slice become structural data movement.
 3. movement   - data-movement algebra: slice∘concatenate, rev∘rev, permutation∘inverse, ...
 3b. flatten   - small jit calls and static-trip-count loops whose small axes are permuted are

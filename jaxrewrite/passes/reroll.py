@@ -854,7 +854,12 @@ def _body_cost(call, trips: int, target) -> str | None:
     that `REROLL_MOVERS` names, and its contractions."""
     body = _body_of(call)
     cj = body if isinstance(body, C.ClosedJaxpr) else C.closed(body, ())
-    prims = collections.Counter(e.primitive.name for e in _walk.iter_eqns(cj))
+    return _prims_cost(collections.Counter(e.primitive.name for e in _walk.iter_eqns(cj)),
+                       trips, target)
+
+
+def _prims_cost(prims: collections.Counter, trips: int, target) -> str | None:
+    """`backend.cost.reroll_body` of a body holding `prims` (primitive name -> count)."""
     return _cost.reroll_body({p: n for p, n in prims.items() if p in _cost.REROLL_MOVERS},
                              sum(prims[p] for p in _cost.REROLL_CONTRACTIONS), trips, target)
 
@@ -867,9 +872,7 @@ def _segment_veto(ctx):
         for e in segment:
             for _, _, sub in C.params_jaxprs(e.params):
                 prims.update(q.primitive.name for q in _walk.iter_eqns(sub))
-        why = _cost.reroll_body({p: n for p, n in prims.items() if p in _cost.REROLL_MOVERS},
-                                sum(prims[p] for p in _cost.REROLL_CONTRACTIONS), trips,
-                                ctx.target)
+        why = _prims_cost(prims, trips, ctx.target)
         if why is not None:
             ctx.report.count(f"{NAME}.declined_by_cost")
             ctx.report.declined(NAME, segment[0], why)
