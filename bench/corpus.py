@@ -342,25 +342,36 @@ def _rounds(variants: dict, rounds: int, sample: Callable) -> dict[str, list]:
 def measure(p: Program, direction: str, rounds: int = 5, samples: int = 21) -> dict:
     """Compile (fresh caches) and run time of every variant in the same rounds, the order
     rotated (medians): {variant: {"total", "xla", "run"}} in seconds, "compiled": each
-    variant's executable and "reports": each options set's rewrite report."""
+    variant's executable and "reports": each options set's rewrite report.
+
+    Run samples go round every executable the compile rounds made: one compilation of a
+    program can run a few percent faster or slower than another of the same program (the same
+    HLO, other code and buffer addresses; Snake's defaults and reroll rows compile to the same
+    program, and CI once read one at 1.00x and the other at 1.08x), so the median is over
+    compilations, not over one draw."""
     fn, args = p.fn(direction), p.args
     make, compiled, reports = makers(fn), {}, {}
+    executables: dict = {k: [] for k in make}
 
     def compile_once(k):
         jax.clear_caches()
         ph = _common.phases(make[k](), *args)
         compiled[k] = ph["compiled"]
+        executables[k].append(ph["compiled"])
         if k in OPTIONS:
             reports[k] = jaxrewrite.last_report()           # this thread's, of the trace above
         return ph
 
     ph = _rounds(make, rounds, compile_once)
     inner = _common.calls_per_sample(lambda a: compiled["jit"](*a), args, 0.02)
-    for c in compiled.values():
-        _common.block(c(*args))                           # warm: first calls are not samples
+    for cs in executables.values():
+        for c in cs:
+            _common.block(c(*args))                       # warm: first calls are not samples
+    drawn = {k: 0 for k in executables}
 
     def run_once(k):
-        c = compiled[k]
+        c = executables[k][drawn[k] % len(executables[k])]
+        drawn[k] += 1
         t = time.perf_counter()
         for _ in range(inner):
             out = c(*args)

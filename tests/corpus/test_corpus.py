@@ -5,8 +5,8 @@ through `optimize(..., strict=True)`, under the defaults and under `reroll=True`
 - never worse (issue 23's promise): run <= 1.05x jax.jit, compile (trace + rewrite + lower +
   compile, fresh caches) <= 1.10x unless the run is >= 1.5x faster. Measured in paired rounds
   with a second `jax.jit` as the A/A control; each bound is widened by how far the A/A control
-  was from 1 in the same rounds, and a miss is measured again, with more rounds, before it
-  counts.
+  was from 1 in the same rounds, run samples go round every compilation made, and a miss is
+  measured again, twice, with more rounds: it counts only if every measurement misses.
 
 Each program and direction is compiled and measured once (all four variants in the same rounds)
 and the contract is checked on the executables measured: the whole step has to stay within a
@@ -100,13 +100,21 @@ def test_within_contract(make, direction, options, record_property):
 
 @pytest.mark.parametrize("make,direction,options", [_param(*r) for r in ROWS])
 def test_never_worse(make, direction, options, record_property):
-    """Within the promise, the A/A spread as slack; a miss is measured again (rows in
-    KNOWN_SLOW are not: their miss is known)."""
+    """Within the promise, the A/A spread as slack; a miss is measured again, twice, and
+    counts only if every measurement misses (rows in KNOWN_SLOW are not: their miss is known).
+    On this 2-core machine one compilation of a program ran up to 10% faster or slower than
+    another of the same program; Snake's defaults and reroll rows, the same HLO, once read
+    1.00x and 1.08x, twice. A real regression misses every time."""
     r = corpus.ratios(measured(make, direction), options)
     known = (make.__name__, direction, options) in KNOWN_SLOW
-    if corpus.verdict(r, slack=True) != "ok" and not known:
+    seen = [r]
+    while corpus.verdict(r, slack=True) != "ok" and not known and len(seen) < 3:
         r = corpus.ratios(measured(make, direction, again=True), options)
-    record_property("ratios", r)
+        seen.append(r)
+    record_property("ratios", seen)
     miss = corpus.verdict(r, slack=True)
-    assert miss == "ok", (f"{program(make).name} {direction} {options}: {miss} (A/A run "
-                          f"{r['run_aa']:.2f}x, compile {r['compile_aa']:.2f}x)")
+    assert miss == "ok", (f"{program(make).name} {direction} {options}: {miss} in each of "
+                          f"{len(seen)} measurements ("
+                          + "; ".join(f"{corpus.verdict(x, slack=True)}, A/A run "
+                                      f"{x['run_aa']:.2f}x, compile {x['compile_aa']:.2f}x"
+                                      for x in seen) + ")")
