@@ -350,19 +350,19 @@ def measure(p: Program, direction: str, rounds: int = 5, samples: int = 21) -> d
     program, and CI once read one at 1.00x and the other at 1.08x), so the median is over
     compilations, not over one draw."""
     fn, args = p.fn(direction), p.args
-    make, compiled, reports = makers(fn), {}, {}
+    make, reports = makers(fn), {}
     executables: dict = {k: [] for k in make}
 
     def compile_once(k):
         jax.clear_caches()
         ph = _common.phases(make[k](), *args)
-        compiled[k] = ph["compiled"]
         executables[k].append(ph["compiled"])
         if k in OPTIONS:
             reports[k] = jaxrewrite.last_report()           # this thread's, of the trace above
         return ph
 
     ph = _rounds(make, rounds, compile_once)
+    compiled = {k: cs[-1] for k, cs in executables.items()}   # each variant's last compile
     inner = _common.calls_per_sample(lambda a: compiled["jit"](*a), args, 0.02)
     for cs in executables.values():
         for c in cs:

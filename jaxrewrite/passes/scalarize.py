@@ -809,8 +809,7 @@ def inline_gather_calls(jaxpr, max_eqns: int = 128):
     def inline(eqn):
         inner = eqn.params["jaxpr"]
         return (_walk.plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns
-                and _has_static_gather(inner)
-                and all(C.is_foldable_const(c) for c in inner.consts))
+                and _has_static_gather(inner))
     return _walk.inline_calls(jaxpr, inline)
 
 
@@ -843,8 +842,7 @@ def inline_split_calls(jaxpr, max_axis: int, max_eqns: int = 32):
 
     def inline(eqn):
         inner = eqn.params["jaxpr"]
-        return (_walk.plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns and _piecewise(inner)
-                and all(C.is_foldable_const(c) for c in inner.consts))
+        return (_walk.plain_call(eqn) and len(inner.jaxpr.eqns) <= max_eqns and _piecewise(inner))
     return _walk.inline_calls(jaxpr, inline)
 
 
