@@ -102,3 +102,17 @@ def test_static_scatter_on_the_gpu_is_one_kernel_instead_of_copy_and_scatter():
     assert jit_kernels(fn, spec) == 2      # a copy of the operand, then the scatter
     assert kernels(fn, spec) == 1
     assert kernels(fn, spec, gathers=False) == 2
+
+
+def test_keccak_cut_into_fewer_kernels_where_autotune_counts_them(tmp_path, monkeypatch):
+    """Keccak-f[1600], 16 rounds, 16,384 states (issue 25): the split region cut at its
+    narrowest points (passes/_segments.py: 5 -> 3 kernels). Only `autotune=True` takes the cut,
+    having counted both forms; the defaults decline it (how XLA fuses a cut region is not
+    predictable from its size: ChaCha20's 20 double rounds cut 3 -> 22)."""
+    import keccak as K
+    monkeypatch.setenv("JAXREWRITE_CACHE_DIR", str(tmp_path))
+    fn = jax.vmap(lambda a: K.keccak_f(a, 16))
+    spec = jax.ShapeDtypeStruct((16384, 25), jnp.uint64)
+    with jax.enable_x64(True):
+        plain, tuned = kernels(fn, spec), kernels(fn, spec, autotune=True)
+    assert tuned < plain and tuned <= 3

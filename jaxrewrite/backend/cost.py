@@ -22,10 +22,12 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   jax.jit's time; with the legacy emitter, `--xla_cpu_use_fusion_emitters=false`, the last one
   ran in 2.3-3.4 ms against jax.jit's ~6 ms). `max_piece_cone` keeps each such fusion below it.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
-  5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless); XLA's own fusion limits
-  end a fusion past 10 double rounds (2 -> 3 kernels), so a split region is not cut here: the
-  split form compiles as the hand-written one does (an optimization barrier once in the middle
-  saved ~3 s at 10 double rounds but cost the kernel the hand form does not have).
+  5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless). XLA's own fusion limits
+  end a fusion past about `segment_eqns` compute equations, cutting where many values cross;
+  a longer split region is cut there by optimization barriers at its narrowest points
+  (`passes/_segments.py`; Keccak-f[1600], 24 rounds: 7 -> 4 kernels). A shorter one is not
+  (an optimization barrier in the middle of ChaCha20's 10 double rounds saved ~3 s of compile
+  but cost the kernel the hand form does not have).
 
 "uint64" in the figures below: the generated uint64 recipes as the tests run them, without
 `jax_enable_x64`, i.e. uint32 arithmetic whose shifts by 32 or more give 0
@@ -188,6 +190,14 @@ class TargetCosts:
     # CPU: tiles win on split carries (ChaCha20, BLAKE2s); an unsplit 4x4-word ARX loop over
     # 65,536 blocks ran 1.3-8.8x jax.jit tiled. Tests turn it on to exercise the rebuild.
     tile_array_carry: bool = False
+    # Compute equations per GPU kernel a split region may be cut into (`passes/_segments.py`):
+    # XLA's GPU fusion keeps a split region one multi-output fusion up to about this size and
+    # cuts a longer one where many values cross. Deviceless H200, 25-word Keccak-f[1600], 16,384
+    # states: 8 rounds one kernel, 9 rounds two; 24 rounds 7 kernels split, 4 cut here (5 by
+    # hand). ChaCha20's 16 words: 12 double rounds one kernel, 14 two; cut at 10 of 20, 22
+    # kernels (not 3): so the cut is only proposed, and taken where `autotune=True` counts
+    # fewer launches. 0: never cut.
+    segment_eqns: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -209,7 +219,8 @@ COSTS: dict[str, TargetCosts] = {
                        tile_cache_bytes=1 << 20),
     # GPU: axes of 17..32 and up to 32 pieces too (Keccak-f[1600]'s 25 lanes: the hand-written
     # 25-word form's kernels where 16 pieces kept every gather, bench/permutations.py --keccak).
-    "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32),
+    "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32,
+                       segment_eqns=1750),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
 }

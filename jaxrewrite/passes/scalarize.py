@@ -64,7 +64,7 @@ from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
 from ..report.records import Decline
-from . import _updates
+from . import _segments, _updates
 
 PASS = "scalarize"
 
@@ -961,6 +961,37 @@ def _fused_code(jaxpr, an, target, costs, built):
     return built, model
 
 
+def _cut_for_kernels(jaxpr, consts, ctx, costs) -> tuple:
+    """GPU: the split level with optimization barriers at its narrowest points, one kernel per
+    `segment_eqns` compute equations (`passes/_segments.py`); (level, barriers). Taken only where
+    compiling both forms counts fewer launches (`autotune=True`): how XLA fuses a cut region was
+    not predictable from its size (deviceless H200: Keccak-f[1600]'s Python loop 7 -> 4 kernels,
+    its fori_loop unrolled 7 -> 6, ChaCha20 with 20 double rounds 3 -> 22)."""
+    cuts = _segments.cut_points(jaxpr.eqns, jaxpr.outvars, costs.segment_eqns, ELEMENTWISE)
+    if not cuts:
+        return jaxpr, 0
+    first = jaxpr.eqns[0]
+    if not ctx.options.autotune:
+        ctx.report.declined(PASS, first, (
+            f"{len(cuts)} kernel cut(s) of this {ctx.target} region (more than "
+            f"{costs.segment_eqns} compute equations) not tried: how XLA fuses a cut region is "
+            "measured, never estimated (autotune=True compiles both)"))
+        return jaxpr, 0
+    made: list = []
+
+    def build():
+        made.append(_segments.insert_barriers(jaxpr, cuts, ELEMENTWISE))
+        return C.closed(made[0], list(consts))
+
+    go, why, _ = _autotune.choose(ctx, f"{PASS}.cuts", C.closed(jaxpr, list(consts)), build,
+                                  False, "kernel cuts are measured, not estimated")
+    ctx.report.stats.setdefault("autotune.choices", []).append(why)
+    if not go:
+        ctx.report.declined(PASS, first, f"{len(cuts)} kernel cut(s): {why}")
+        return jaxpr, 0
+    return (made[0] if made else _segments.insert_barriers(jaxpr, cuts, ELEMENTWISE)), len(cuts)
+
+
 def _update_program(cache):
     def program(shape, smap):
         return memo(cache, "scalarize.update_program", (tuple(shape), array_key(smap)),
@@ -1074,9 +1105,15 @@ def _scalarize_level(jaxpr, ctx, mode, consts=()) -> tuple:
         if reason is not None:
             ctx.report.declined(PASS, first, reason)
             return jaxpr, False
+    new, cuts = _cut_for_kernels(new, consts, ctx, costs)
     summary = model.summary if model is not None else ""   # (empty: no re-join to model)
-    ctx.report.applied(PASS, list(jaxpr.eqns[:1]), n=an.plan.movers_removed,
-                       after=("renaming",) + ((f"({model.summary})",) if summary else ()))
+    after = ("renaming",) + ((f"({model.summary})",) if summary else ())
+    if cuts:
+        ctx.report.count(f"{PASS}.kernel_cuts", cuts)
+        after += (f"({cuts} optimization barrier(s) on {target}: a kernel per "
+                  f"<= {costs.segment_eqns} compute equations, cut where the fewest values "
+                  "are live, and the re-join apart)",)
+    ctx.report.applied(PASS, list(jaxpr.eqns[:1]), n=an.plan.movers_removed, after=after)
     if summary:
         ctx.report.stats.setdefault(f"{PASS}.fused_code", []).append(model.summary)
     ctx.report.count(f"{PASS}.joins", joins)
