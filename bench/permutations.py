@@ -400,6 +400,12 @@ def keccak(quick: bool) -> list[dict]:
                 variants[f"{kind}+optimize"] = lambda f=f: jaxrewrite.optimize(jax.vmap(f))
                 gpu[f"{kind}+optimize"] = lambda f=f: jaxrewrite.optimize(jax.vmap(f),
                                                                           target="gpu")
+            # autotune=True: on the GPU it also counts the split region cut into kernels at its
+            # narrowest points (passes/_segments.py), which the defaults decline
+            variants["python+optimize(autotune)"] = lambda: jaxrewrite.optimize(
+                jax.vmap(K.keccak_f), autotune=True)
+            gpu["python+optimize(autotune)"] = lambda: jaxrewrite.optimize(
+                jax.vmap(K.keccak_f), target="gpu", autotune=True)
             ref = np.asarray(jax.jit(K.hand_fori)(a))
             # rolled under jax.jit: their kernels launch once per round
             trips = {"words/fori": 24, "words/fori (A/A)": 24, "fori": 24, "scan": 24}
