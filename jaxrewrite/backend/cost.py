@@ -23,11 +23,13 @@ XLA's deviceless H200 compile, CPU on a shared 2-core machine):
   ran in 2.3-3.4 ms against jax.jit's ~6 ms). `max_piece_cone` keeps each such fusion below it.
 * Compile time grows with the size of one fusion, on the GPU faster than linearly (16 words,
   5/10/15/20 double rounds: 1.8/7.9/17/23 s for the H200, deviceless). XLA's own fusion limits
-  end a fusion past about `segment_eqns` compute equations, cutting where many values cross;
-  a longer split region is cut there by optimization barriers at its narrowest points
-  (`passes/_segments.py`; Keccak-f[1600], 24 rounds: 7 -> 4 kernels). A shorter one is not
-  (an optimization barrier in the middle of ChaCha20's 10 double rounds saved ~3 s of compile
-  but cost the kernel the hand form does not have).
+  end a fusion past about `segment_eqns` compute equations, cutting where many values cross.
+  A longer split region may be cut by optimization barriers at its narrowest points
+  (`passes/_segments.py`; Keccak-f[1600], 24 rounds: 7 -> 4 kernels), but only where
+  `autotune=True` counts fewer launches: the same cut took ChaCha20's 20 double rounds from 3
+  kernels to 22. A shorter region is never cut (an optimization barrier in the middle of
+  ChaCha20's 10 double rounds saved ~3 s of compile but cost the kernel the hand form does not
+  have).
 
 "uint64" in the figures below: the generated uint64 recipes as the tests run them, without
 `jax_enable_x64`, i.e. uint32 arithmetic whose shifts by 32 or more give 0
