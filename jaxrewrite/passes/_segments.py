@@ -23,14 +23,10 @@ A barrier is the identity on its operands, so values are unchanged.
 """
 from __future__ import annotations
 
+import math
+
 from .. import _compat as C
-
-
-def _size(v) -> int:
-    n = 1
-    for d in getattr(C.aval_of(v), "shape", ()):
-        n *= d
-    return n
+from ..analysis.pieces import shape_of
 
 
 def _uses(eqns, outvars, compute) -> tuple[dict, dict]:
@@ -49,7 +45,7 @@ def _uses(eqns, outvars, compute) -> tuple[dict, dict]:
                 computed = True
         if computed:
             for v in e.outvars:
-                if not C.is_dropvar(v) and _size(v) > 1:
+                if not C.is_dropvar(v) and math.prod(shape_of(v)) > 1:
                     made[v] = i
     for a in outvars:
         if not C.is_literal(a) and a in made:
@@ -121,4 +117,3 @@ def insert_barriers(jaxpr, cuts: list[int], compute):
         out.append(e if all(x is y for x, y in zip(new_in, e.invars))
                    else e.replace(invars=new_in))
     return C.replace_jaxpr(jaxpr, eqns=out, outvars=[sub(a) for a in jaxpr.outvars])
-
