@@ -4,7 +4,8 @@ The state is 25 uint64 lanes; the rounds reshape it to (5, 5) for the column par
 them back over the rows, rotate by a per-lane table with a `where(n == 0, ...)` guard, permute with
 `jnp.take`, and update lane 0 (bench/keccak.py). Checked bit for bit against `hashlib` (SHA3-256,
 SHAKE128) under `vmap` and on a leading batch axis; structurally: no gather or scatter left where
-the state is split, the `fori_loop` form kept rolled on the CPU with its carry split into 25 lanes.
+the state is split, the `fori_loop` form kept rolled on the CPU with its carry split into 25 lanes
+(carried as one array where the state fits the cache).
 Every test runs with x64 enabled inside it only.
 """
 import hashlib
@@ -94,6 +95,52 @@ def test_vmapped_loop_forms_against_hashlib(form):
     assert c.get("scan") == 1 and c.get("while", 0) == 0          # rolled
     assert not any(c.get(p, 0) for p in MOVERS), c
     assert c.get("stack", 0) == 1                                  # the result, once
+
+
+def _whole_or_pieces(fn, n):
+    """The CPU rewrite of `fn` on n states: (the rolled scan, the flatten record)."""
+    from jaxrewrite import _walk
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(_states(n)), target="cpu")
+    (scan,) = [e for e in _walk.iter_eqns(res.jaxpr) if e.primitive.name == "scan"]
+    (ev,) = [e for e in res.report.rewrites if e.pass_name == "flatten"]
+    return scan, ev.after[0]
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """The cost model's CPU as this machine's: 2 cores of 1 MiB (a 2 MiB state budget for a
+    whole carry), whatever machine runs the test."""
+    import dataclasses
+
+    from jaxrewrite.backend import cost
+    monkeypatch.setitem(cost.COSTS, "cpu", dataclasses.replace(
+        cost.COSTS["cpu"], tile_cores=2, tile_cache_bytes=1 << 20))
+
+
+@pytest.mark.parametrize("form", ["fori", "scan"])
+def test_cpu_carry_kept_whole_where_the_state_fits_the_cache(form, two_cores):
+    """4,096 states (800 KB): the rolled loop carries the (N, 25) state as one array, its body
+    cut into 25 lanes at entry and stacked once at exit (no gather, scatter or reduction left in
+    it; `backend.cost.whole_carry`: a chain of 14 equations). 16,384 states (3.2 MB, over the
+    2 MiB of cache): the 25 lanes are carried apart, with the reason. Bit for bit both ways."""
+    fn = jax.vmap(K.keccak_fori if form == "fori" else K.keccak_scan)
+    for n, whole in ((N, True), (4 * N, False)):
+        scan, why = _whole_or_pieces(fn, n)
+        nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+        carried = [tuple(v.aval.shape) for v in scan.invars[nc:nc + nk]]
+        body = primitive_counts(scan.params["jaxpr"])
+        if whole:
+            assert (n, 25) in carried and len([c for c in carried if c == (n,)]) == 0, carried
+            assert "kept whole" in why and "a chain of 14 equations" in why, why
+            assert body.get("stack", 0) == 1, body
+        else:
+            assert len([c for c in carried if c == (n,)]) == 25, carried
+            assert "as 25 pieces (not whole: a state of 3276800 B" in why, why
+            assert body.get("stack", 0) == 0, body
+        assert not any(body.get(p, 0) for p in MOVERS + ("reduce_xor",)), body
+        a = _states(n, seed=5)
+        np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(fn)(a)),
+                                      np.asarray(jax.jit(fn)(a)))
 
 
 def test_straight_line_split_cpu():

@@ -314,7 +314,8 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
         if split_carry and trips >= lc.min_split_trips:
-            if not plan.moves:
+            if not plan.moves or not plan.body_permutations:
+                # nothing to make renaming (a carry kept whole, its body split already)
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
@@ -329,7 +330,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
                        f"(minimum {min_piece})")
             if why is None:
                 rep, why = loop_carry.split_loop(eqn, loop, ctx, max_axis, max_pieces,
-                                                 _scalarize_split)
+                                                 _scalarize_split, scalarize.ELEMENTWISE)
                 if rep is not None:
                     ctx.report.applied(PASS, eqn, after=(f"rolled, carry split: {why}",))
                     ctx.report.count(f"{PASS}.carries_split")
