@@ -406,6 +406,10 @@ def keccak(quick: bool) -> list[dict]:
                 jax.vmap(K.keccak_f), autotune=True)
             gpu["python+optimize(autotune)"] = lambda: jaxrewrite.optimize(
                 jax.vmap(K.keccak_f), target="gpu", autotune=True)
+            # reroll=True: the Python loop's rounds rolled into one scan (their round constants
+            # as its xs), then split as the fori_loop form is (CPU; the GPU unrolls it again)
+            variants["python+optimize(reroll)"] = lambda: jaxrewrite.optimize(
+                jax.vmap(K.keccak_f), reroll=True)
             ref = np.asarray(jax.jit(K.hand_fori)(a))
             # rolled under jax.jit: their kernels launch once per round
             trips = {"words/fori": 24, "words/fori (A/A)": 24, "fori": 24, "scan": 24}

@@ -143,6 +143,34 @@ def test_cpu_carry_kept_whole_where_the_state_fits_the_cache(form, two_cores):
                                       np.asarray(jax.jit(fn)(a)))
 
 
+def test_cpu_python_loop_rolled_by_reroll_then_split(two_cores):
+    """reroll=True on the 24 rounds of the Python loop, which differ only in their round
+    constant (a scalar literal): outlined as 24 calls of one skeleton, rolled into one scan with
+    the 24 constants as its xs; flatten then carries the state whole and scalarize splits the
+    body, as for the `fori_loop` form: no gather, scatter or xor-reduce left. Bit for bit with
+    jax.jit, and SHA3-256 with hashlib."""
+    from jaxrewrite import _compat as C
+    from jaxrewrite import _walk
+    fn = jax.vmap(K.keccak_f)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(_states(N)), target="cpu",
+                                               reroll=True)
+    (scan,) = [e for e in _walk.iter_eqns(res.jaxpr) if e.primitive.name == "scan"]
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    (xs,) = scan.invars[nc + nk:]
+    assert scan.params["length"] == 24 and C.is_literal(xs)
+    np.testing.assert_array_equal(np.asarray(C.literal_value(xs)), K.RC)
+    body = primitive_counts(scan.params["jaxpr"])
+    assert not any(body.get(p, 0) for p in MOVERS + ("reduce_xor",)), body
+    assert any(e.pass_name == "flatten" and "kept whole" in e.after[0]
+               for e in res.report.rewrites)
+    f = jaxrewrite.optimize(fn, reroll=True)
+    a = _states(N, seed=6)
+    np.testing.assert_array_equal(np.asarray(f(a)), np.asarray(jax.jit(fn)(a)))
+    msgs = _messages(N, 150, seed=7)
+    assert (_batched_sponge(f, msgs, 136, 0x06, 32)
+            == [hashlib.sha3_256(m).digest() for m in msgs])
+
+
 def test_straight_line_split_cpu():
     """A round straight-line under vmap: computed on 25 pieces (no gather, no scatter, one
     re-join of the result), bit for bit with jax.jit. (More rounds straight-line are declined

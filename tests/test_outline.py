@@ -68,6 +68,29 @@ def test_segments_that_differ_are_not_a_run():
     assert not bodies and not any(C.is_jit(e) for e in j.eqns)
 
 
+def test_segments_that_differ_in_a_scalar_literal_are_calls_of_their_own_bodies():
+    """Layers that differ only in a scalar constant (a round constant, a per-layer scale):
+    outlined as calls of one skeleton, each with its own body holding its literal (reroll lifts
+    the literals into the scan's xs); bit for bit as they were."""
+    scales = (0.5, 0.25, 0.125, 2.0, 4.0, 8.0)
+
+    def f(x, ws):
+        for s, w in zip(scales, ws):
+            for _ in range(3):
+                x = jnp.tanh(x @ w) + x * s
+        return x
+
+    cj = jax.make_jaxpr(f)(X, WS)
+    j, bodies = outline.outline_level(cj.jaxpr, Keyer(), 3)
+    calls = [e for e in j.eqns if C.is_jit(e)]
+    assert len(calls) == 6 and len(bodies) == 6          # one body per layer: its own literal
+    literals = [[float(C.literal_value(a)) for e in c.params["jaxpr"].jaxpr.eqns
+                 for a in e.invars if C.is_literal(a)] for c in calls]
+    assert [set(v) for v in literals] == [{s} for s in scales]
+    C.check_jaxpr(j)
+    assert_bitwise_equal(_eval(j, cj.consts, X, *WS), jax.jit(f)(X, WS))
+
+
 def test_effects_are_never_outlined():
     def f(x, ws):
         for w in ws:

@@ -18,7 +18,10 @@ Finding a run, per jaxpr level:
    A unit-stride window of an input of the level (`params[3*i:3*i+3]`: layers that read their
    parameters from one shared array) is signed by its size, not its offset; in the body, a
    window whose offset differs between segments reads at start operands (`dynamic_slice`),
-   one literal per segment, which `reroll` scans as xs.
+   one literal per segment, which `reroll` scans as xs. Where neither finds a run, a third
+   try signs scalar literals by their type (rounds that differ only in a round constant):
+   each segment is then a call of its own body, one skeleton, whose literals `reroll` lifts
+   into the scan's xs.
 2. Candidate periods L are the distances between nearby equations of one signature; for each
    (those with the longest periodic stretch, and their multiples), the positions where
    signature[i] == signature[i + L] form runs.
@@ -58,19 +61,26 @@ def _offset_read(e, shared) -> bool:
             and all(s in (None, 1) for s in (e.params["strides"] or ())))
 
 
-def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset()) -> list:
+def _scalar_literal(a) -> bool:
+    return C.is_literal(a) and getattr(C.aval_of(a), "shape", None) == ()
+
+
+def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset(), skeleton=False) -> list:
     """One id per equation, -1 for one that never repeats (an effect). Ids come from `table`
     (signature -> id), kept across a level's rounds of outlining: equations a round leaves in
     place keep theirs, and only its new calls get ids (`_unique`). With `shared` (the level's
     inputs), a window read from one of them (`_offset_read`) is signed by its size, not its
-    offset: the second try, where the exact signatures find no run."""
+    offset: the second try, where the exact signatures find no run. `skeleton`: a scalar
+    literal operand is signed by its type, not its value (rounds that differ in a round
+    constant): the third try, each segment then its own body (`reroll` lifts the literals)."""
     ids = []
     for e in eqns:
         if C.has_effects(e):
             ids.append(-1)
             continue
-        ins = tuple(keyer.literal(a) if C.is_literal(a) else ("var", keyer.aval(a.aval))
-                    for a in e.invars)
+        ins = tuple((("lit?", keyer.aval(C.aval_of(a))) if skeleton and _scalar_literal(a)
+                     else keyer.literal(a)) if C.is_literal(a)
+                    else ("var", keyer.aval(a.aval)) for a in e.invars)
         if _offset_read(e, shared):
             sizes = tuple(h - l for l, h in zip(e.params["start_indices"],
                                                  e.params["limit_indices"]))
@@ -79,6 +89,19 @@ def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset()) -> list:
             key = keyer.eqn_key(e, ins)
         ids.append(table.setdefault(key, len(table)))
     return ids
+
+
+def _skeleton(eqns, keyer: Keyer, table: dict, shared, wsigs: list) -> list | None:
+    """`wsigs` with each equation that has a scalar literal operand signed by its skeleton
+    (`_signatures(skeleton=True)`), or None where no two equations of one skeleton differ in
+    their literals (a network's layers share theirs: nothing to find, at no search's cost).
+    What earlier runs made (-1) stays out."""
+    out, variants = list(wsigs), collections.defaultdict(set)
+    for i, e in enumerate(eqns):
+        if wsigs[i] != -1 and any(_scalar_literal(a) for a in e.invars):
+            (out[i],) = _signatures([e], keyer, table, shared, skeleton=True)
+            variants[out[i]].add(wsigs[i])
+    return out if any(len(v) > 1 for v in variants.values()) else None
 
 
 def _offsets(eqns, p: int, L: int, k: int, shared) -> dict:
@@ -386,18 +409,28 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int, veto=None):
     # their size (layers reading one parameter array at their own offsets)
     sigs = _signatures(jaxpr.eqns, keyer, table)
     wsigs = _signatures(jaxpr.eqns, keyer, table, shared)
+    lsigs = None        # (skeleton signatures: made only where the other two find nothing)
     for _ in range(MAX_RUNS):
         eqns = list(jaxpr.eqns)
+        own_bodies = False
         run = _find_run(eqns, jaxpr.outvars, _unique(sigs), min_len)
         if run is None and wsigs != sigs:
             run = _find_run(eqns, jaxpr.outvars, _unique(wsigs), min_len)
+        if run is None:
+            if lsigs is None:
+                lsigs = _skeleton(eqns, keyer, table, shared, wsigs)
+            if lsigs is not None:
+                run = _find_run(eqns, jaxpr.outvars, _unique(lsigs), min_len)
+                own_bodies = run is not None
         if run is None:
             break
         p, L, k, (groups, exports, slots, _) = run
         if not exports:
             break
         if veto is not None and veto(eqns[p:p + L], k):
-            sigs, wsigs = [[*ss[:p], *[-1] * (k * L), *ss[p + k * L:]] for ss in (sigs, wsigs)]
+            sigs, wsigs, lsigs = [None if ss is None else [*ss[:p], *[-1] * (k * L),
+                                                           *ss[p + k * L:]]
+                                  for ss in (sigs, wsigs, lsigs)]
             continue
         # windows read at offsets that differ per segment: their start indices are arguments
         # (literals, one per segment), which `reroll` scans as xs
@@ -418,6 +451,12 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int, veto=None):
         body_avals = tuple(C.aval_key(v.aval) for v in body.jaxpr.invars)
         new_eqns, env, traced = eqns[:p], {}, {}
         for m in range(k):
+            if own_bodies and m:
+                # segments that differ in scalar literals: each its own body (the same
+                # skeleton), which `reroll` generalizes, the literals scanned as xs
+                body = _body(eqns, p + m * L, L, groups, exports, slots[m], offset_slots)
+                call = jax.jit(lambda *args, body=body: C.eval_jaxpr(body, *args))
+                traced = {}
             em = _walk.Emitter(eqns[p + m * L])
             args = [slots[m][g[0]] for g in groups]
             args = [_walk.substitute(a, env) for a in args]
@@ -441,9 +480,11 @@ def outline_level(jaxpr, keyer: Keyer, min_len: int, veto=None):
         tail = [_walk.rename_operands(e, env) for e in eqns[p + k * L:]]
         # renaming keeps a signature (operand types alike), unless a value became a literal
         relit = any(C.is_literal(v) for v in env.values())
-        sigs, wsigs = [ss[:p] + [-1] * (len(new_eqns) - p)
-                       + (_signatures(tail, keyer, table, sh) if relit else ss[p + k * L:])
-                       for ss, sh in ((sigs, frozenset()), (wsigs, shared))]
+        sigs, wsigs, lsigs = [
+            None if ss is None else ss[:p] + [-1] * (len(new_eqns) - p)
+            + (_signatures(tail, keyer, table, sh, sk) if relit else ss[p + k * L:])
+            for ss, sh, sk in ((sigs, frozenset(), False), (wsigs, shared, False),
+                               (lsigs, shared, True))]
         new_eqns.extend(tail)
         outvars = [_walk.substitute(a, env) for a in jaxpr.outvars]
         jaxpr = C.replace_jaxpr(jaxpr, eqns=new_eqns, outvars=outvars)
