@@ -497,8 +497,9 @@ class LoopCosts:
     # Measured (CPU, 2 cores of 1 MiB, paired, whole / split carry in one process; longest
     # chain; state): Keccak 24 rounds (14), `fori_loop` and `scan`, 4,096 states (800 KB) run
     # 0.80-0.96x, 8,192 (1.6 MB) 0.80-0.91x, 16,384 (3.2 MB) 1.00-1.10x, 32,768 1.13x, 65,536
-    # 1.14-1.24x; compile 0.70-0.79x at every size; ChaCha20 10 double rounds (32), 4,096 and 65,536
-    # blocks, run 3.7-4.2x (its adds computed 4.3x over); BLAKE2s (40), 4,096 blocks, 2.0x.
+    # 1.14-1.24x; compile 0.62-0.87x at every size; ChaCha20 10 double rounds (32), 4,096 and
+    # 65,536 blocks, run 3.7-4.2x (its adds computed 4.3x over); BLAKE2s (40), 4,096 blocks,
+    # 2.0x.
     # 0: never whole.
     whole_carry_depth: int = 0
 

@@ -21,7 +21,7 @@ that the split body would still re-join each trip is not split (a stack per trip
 Where the body is shallow and the state fits the cores' caches (`backend.cost.whole_carry`), the
 carry stays one array and only the body is split: XLA:CPU then updates it in place, where it
 copies every carried piece each trip (Keccak-f[1600], 4,096 states: run 0.80-0.96x, compile
-0.70-0.79x the pieces' form):
+0.70-0.87x the pieces' form):
 
     whole:   _, s = scan[length=24, num_carry=2]{
                  (i, c:u64[N,25]) -> c0..c24 = pieces of c ; d = f(join(c0..c24)) ;
