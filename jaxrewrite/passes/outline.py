@@ -61,7 +61,9 @@ def _offset_read(e, shared) -> bool:
             and all(s in (None, 1) for s in (e.params["strides"] or ())))
 
 
-def _scalar_literal(a) -> bool:
+def scalar_literal(a) -> bool:
+    """A scalar literal operand: what the skeleton signatures key by type, and what `reroll`
+    lifts into a generalized body's operands (the two must agree)."""
     return C.is_literal(a) and getattr(C.aval_of(a), "shape", None) == ()
 
 
@@ -78,7 +80,7 @@ def _signatures(eqns, keyer: Keyer, table: dict, shared=frozenset(), skeleton=Fa
         if C.has_effects(e):
             ids.append(-1)
             continue
-        ins = tuple((("lit?", keyer.aval(C.aval_of(a))) if skeleton and _scalar_literal(a)
+        ins = tuple((("lit?", keyer.aval(C.aval_of(a))) if skeleton and scalar_literal(a)
                      else keyer.literal(a)) if C.is_literal(a)
                     else ("var", keyer.aval(a.aval)) for a in e.invars)
         if _offset_read(e, shared):
@@ -98,7 +100,7 @@ def _skeleton(eqns, keyer: Keyer, table: dict, shared, wsigs: list) -> list | No
     What earlier runs made (-1) stays out."""
     out, variants = list(wsigs), collections.defaultdict(set)
     for i, e in enumerate(eqns):
-        if wsigs[i] != -1 and any(_scalar_literal(a) for a in e.invars):
+        if wsigs[i] != -1 and any(scalar_literal(a) for a in e.invars):
             (out[i],) = _signatures([e], keyer, table, shared, skeleton=True)
             variants[out[i]].add(wsigs[i])
     return out if any(len(v) > 1 for v in variants.values()) else None

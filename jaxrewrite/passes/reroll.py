@@ -182,7 +182,7 @@ def _body_of(eqn):
 def _scalar_literals(body) -> list[tuple[int, int]]:
     j = body.jaxpr if isinstance(body, C.ClosedJaxpr) else body
     return [(n, p) for n, e in enumerate(j.eqns) for p, a in enumerate(e.invars)
-            if C.is_literal(a) and getattr(C.aval_of(a), "shape", None) == ()]
+            if outline.scalar_literal(a)]
 
 
 def _window_reads(j) -> list[int]:
