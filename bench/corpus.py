@@ -115,6 +115,12 @@ def jumanji_rubiks_cube() -> Program:
     return _jumanji_step("RubiksCube-v0", 4096, "RubiksCube step x4096")
 
 
+def jumanji_rubiks_cube_large() -> Program:
+    """The same step at 65,536 cubes: a rewrite whose cost, or whose output's size, grows with
+    the batch shows here (the switch's tables are one per batch row once batched)."""
+    return _jumanji_step("RubiksCube-v0", 65536, "RubiksCube step x65536")
+
+
 def jumanji_game_2048() -> Program:
     """Jumanji's 2048: a move slides and merges each row of a 4x4 board after a flip or
     transpose chosen by the action, then adds a tile."""
@@ -273,12 +279,12 @@ def pix_augment() -> Program:
     return Program("dm-pix", "augmentation pipeline x128", forward, (images, keys), loss)
 
 
-PROGRAMS = (jumanji_rubiks_cube, jumanji_game_2048, jumanji_sudoku, jumanji_snake,
-            gymnax_breakout, gymnax_cartpole, netket_gcnn, e3nn_network, qujax_circuit,
-            pix_augment)
+PROGRAMS = (jumanji_rubiks_cube, jumanji_rubiks_cube_large, jumanji_game_2048, jumanji_sudoku,
+            jumanji_snake, gymnax_breakout, gymnax_cartpole, netket_gcnn, e3nn_network,
+            qujax_circuit, pix_augment)
 # environment steps are run, not differentiated (their Programs have no loss)
-FORWARD_ONLY = (jumanji_rubiks_cube, jumanji_game_2048, jumanji_sudoku, jumanji_snake,
-                gymnax_breakout, gymnax_cartpole)
+FORWARD_ONLY = (jumanji_rubiks_cube, jumanji_rubiks_cube_large, jumanji_game_2048,
+                jumanji_sudoku, jumanji_snake, gymnax_breakout, gymnax_cartpole)
 
 
 def directions(make) -> tuple[str, ...]:

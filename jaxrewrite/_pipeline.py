@@ -28,6 +28,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
                 rolled loop is split as a `fori_loop` is (`PassSpec.then`).
 8. tile       - (CPU) a batch-independent program whose loop state exceeds the cache runs as a
                 loop over tiles of its batch axis, its loops inside (once, at the end).
+9. literals   - large literals that repeat along an axis (a vmapped index table) become
+                `broadcast_in_dim` of one copy (always on, once, at the end).
 
 If a pass raises, `rewrite` returns the original program and one warning naming the pass;
 with `strict=True` the error propagates.
@@ -51,7 +53,7 @@ from .report.records import Report, logger
 @dataclasses.dataclass(frozen=True)
 class PassSpec:
     name: str          # module jaxrewrite.passes.<name>, and the report's pass name
-    option: str        # the option that enables it
+    option: str | None  # the option that enables it (None: always on)
     fixpoint: bool     # repeated to a fixed point (True) or run once at the end (False)
     # Passes whose work a change by this one may create (None: every pass, itself included).
     # Only a pass that provably cannot create work elsewhere names a smaller set.
@@ -102,6 +104,10 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("reroll", "reroll", False, then=("flatten", "scalarize")),
     # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
     PassSpec("tile", "tile", False, uses_enabling=False),
+    # After every pass that reads literals: the large ones fold made (or constants became) go
+    # to XLA as the broadcasts they are. Always on; on its own it changes nothing worth keeping.
+    PassSpec("literals", None, False, enabling=True, uses_enabling=False,
+             makes_dead_code=False),
 )
 
 
@@ -144,7 +150,7 @@ def _load(spec: PassSpec) -> Callable:
 def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, Callable]]:
     out = []
     for spec in PASSES:
-        if getattr(options, spec.option):
+        if spec.option is None or getattr(options, spec.option):
             out.append((spec, _load(spec)))
     out.extend(extra)
     return out

@@ -279,3 +279,42 @@ def test_gather_batch_core_forms():
     shifted = idx2.copy()
     shifted[..., 0] = (shifted[..., 0] + 1) % n
     assert IM.gather_batch_core((n, 4), shifted, dn2, (1, 1), 64)[0] == {}
+
+
+def _repeat_along_batching(idx, ibatch):
+    """`idx` with its first row repeated along each index batching dim."""
+    core = idx[tuple(slice(0, 1) if d in ibatch else slice(None) for d in range(idx.ndim))]
+    return np.broadcast_to(core, idx.shape)
+
+
+@settings(max_examples=max(60, settings.default.max_examples))
+@given(gathers(), st.sampled_from(["clip", "fill"]))
+def test_a_gather_batch_made_a_window_gives_the_same_result(g, mode):
+    """`gather_unbatched`: where it applies, the gather with the batch as a window dim and one
+    row of the table is lax's batched gather, element for element (or it declines)."""
+    shape, idx, dn, sizes = g
+    ibatch = tuple(dn.start_indices_batching_dims)
+    idx = _repeat_along_batching(idx, ibatch)
+    r = IM.gather_unbatched(shape, idx.shape, dn, sizes, ibatch)
+    if r is None:
+        return
+    new_dn, new_sizes, gone = r
+    core = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
+                                          for d in range(idx.ndim))])
+    assert not new_dn.operand_batching_dims and core.ndim == idx.ndim - len(gone)
+    ref, _ = _lax_gather_tagged(shape, idx, dn, sizes, mode)
+    got, _ = _lax_gather_tagged(shape, core, new_dn, new_sizes, mode)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_a_gather_batch_is_not_made_a_window_that_would_reorder_the_result():
+    # operand (4, 5, 6), batch at operand dim 1; the window dim 2 comes out first (offset 0):
+    # a window dim at operand dim 1 would come out before it
+    dn = GDN(offset_dims=(0,), collapsed_slice_dims=(0,), start_index_map=(0,),
+             operand_batching_dims=(1,), start_indices_batching_dims=(0,))
+    assert IM.gather_unbatched((4, 5, 6), (5, 3, 1), dn, (1, 1, 6), (0,)) is None
+    # the same batch with the window dim after it: made a window
+    dn = GDN(offset_dims=(2,), collapsed_slice_dims=(0,), start_index_map=(0,),
+             operand_batching_dims=(1,), start_indices_batching_dims=(0,))
+    new_dn, sizes, gone = IM.gather_unbatched((4, 5, 6), (5, 3, 1), dn, (1, 1, 6), (0,))
+    assert new_dn.offset_dims == (0, 2) and sizes == (1, 5, 6) and gone == (0,)

@@ -136,8 +136,9 @@ def gather_batch_core(operand_shape, start_indices, dimension_numbers, slice_siz
         return unchanged
     first = idx[:1]
     if 0 in obatch:
-        if ibatch[obatch.index(0)] != 0 or not np.array_equal(idx, np.broadcast_to(first,
-                                                                                   idx.shape)):
+        if ibatch[obatch.index(0)] != 0 or not (
+                idx.strides[0] == 0    # (a broadcast view: the same along dim 0 by construction)
+                or np.array_equal(idx, np.broadcast_to(first, idx.shape))):
             return unchanged
     elif 0 in collapsed and 0 in start_map and int(slice_sizes[0]) == 1:
         k = start_map.index(0)
@@ -197,11 +198,81 @@ def scatter_batch_core(operand_shape, updates_shape, indices: np.ndarray, dimens
     if k == 0 or int(np.prod(operand_shape[:k], dtype=np.int64)) <= big:
         return None
     core = idx[(slice(0, 1),) * k]
-    if not np.all(idx == core):
+    if not all(s == 0 for s in idx.strides[:k]) and not np.all(idx == core):
         return None  # a different table per batch element: the map is the whole batch's
     xs = (1,) * k + tuple(int(n) for n in operand_shape[k:])
     us = (1,) * k + tuple(int(n) for n in updates_shape[k:])
     return k, xs, us, core
+
+
+def _batch_to_window(obatch, ibatch, repeated, batch_pos, windows_before, offsets_before):
+    """The batching pairs (operand dim, index dim) whose index dim is in `repeated`, made window
+    dims: (their operand dims, the new offset dims, the operand and index batching dims kept,
+    the index dims dropped), or None where there are none, or where moving them would reorder
+    the result's dims (the operand's window dims fill the offset dims in order)."""
+    moved = [(ob, ib) for ob, ib in zip(obatch, ibatch) if ib in repeated]
+    if not moved:
+        return None
+    windows = sorted(set(windows_before) | {ob for ob, _ in moved})
+    offsets = sorted(set(offsets_before) | {batch_pos[ib] for _, ib in moved})
+    place = dict(zip(windows, offsets))
+    if any(place[w] != o for w, o in zip(sorted(windows_before), sorted(offsets_before))) or \
+            any(place[ob] != batch_pos[ib] for ob, ib in moved):
+        return None
+    gone = sorted(ib for _, ib in moved)
+    keep = [(ob, ib) for ob, ib in zip(obatch, ibatch) if ib not in gone]
+    return ([ob for ob, _ in moved], tuple(offsets), tuple(ob for ob, _ in keep),
+            tuple(ib - sum(1 for g in gone if g < ib) for _, ib in keep), tuple(gone))
+
+
+def gather_unbatched(operand_shape, index_shape, dimension_numbers, slice_sizes,
+                     repeated: Sequence[int]):
+    """A batched gather whose indices are the same along some batching dims (`repeated`: index
+    dims), as one whose batch is a window dim: (new dimension numbers, new slice sizes, index
+    dims to drop), or None. The result is the same element for element: each window starts at
+    0 and spans the batch (always in bounds), and the other dims' starts are the same for every
+    batch row.
+
+        before:  gather x T[65536,12,3]  operand_batching_dims=(0,), slice (1,1,1,1)
+        after:   gather x T0[12,3]       offset_dims=(0,), slice (65536,1,1,1)
+    """
+    offset_dims, collapsed, start_map, obatch, ibatch = _dn(
+        dimension_numbers, "offset_dims", "collapsed_slice_dims", "start_index_map",
+        "operand_batching_dims", "start_indices_batching_dims")
+    out_rank = len(offset_dims) + len(index_shape) - 1
+    batch_pos = [d for d in range(out_rank) if d not in offset_dims]
+    windows = [d for d in range(len(operand_shape)) if d not in collapsed and d not in obatch]
+    repeated = {d for d in repeated if index_shape[d] > 0}   # (one row to keep)
+    r = _batch_to_window(obatch, ibatch, repeated, batch_pos, windows, offset_dims)
+    if r is None:
+        return None
+    moved, offsets, kept_o, kept_i, gone = r
+    dn = type(dimension_numbers)(
+        offset_dims=offsets, collapsed_slice_dims=collapsed, start_index_map=start_map,
+        operand_batching_dims=kept_o, start_indices_batching_dims=kept_i)
+    sizes = [int(operand_shape[d]) if d in moved else int(s) for d, s in enumerate(slice_sizes)]
+    return dn, tuple(sizes), gone
+
+
+def scatter_unbatched(operand_shape, index_shape, updates_shape, dimension_numbers,
+                      repeated: Sequence[int]):
+    """`gather_unbatched` for a scatter: (new dimension numbers, index dims to drop), or None.
+    The updates keep their shape; their batch dim becomes a window dim spanning the batch."""
+    uwd, inserted, to_operand, obatch, ibatch = _dn(
+        dimension_numbers, "update_window_dims", "inserted_window_dims",
+        "scatter_dims_to_operand_dims", "operand_batching_dims", "scatter_indices_batching_dims")
+    batch_pos = [d for d in range(len(updates_shape)) if d not in uwd]
+    windows = [d for d in range(len(operand_shape)) if d not in inserted and d not in obatch]
+    repeated = {d for d in repeated if index_shape[d] > 0}
+    r = _batch_to_window(obatch, ibatch, repeated, batch_pos, windows, uwd)
+    if r is None:
+        return None
+    _, window_dims, kept_o, kept_i, gone = r
+    dn = type(dimension_numbers)(
+        update_window_dims=window_dims, inserted_window_dims=inserted,
+        scatter_dims_to_operand_dims=to_operand, operand_batching_dims=kept_o,
+        scatter_indices_batching_dims=kept_i)
+    return dn, gone
 
 
 def gather_map(operand_shape, start_indices: np.ndarray, dimension_numbers, slice_sizes,

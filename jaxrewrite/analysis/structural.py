@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import _compat as C
+from . import repeats
 
 # Literals/params with at most this many elements are keyed by their bytes inline; larger ones
 # by a `_Const` (content digest as hash, full byte comparison as equality).
@@ -63,25 +64,29 @@ class StructKey:
 
 
 class _Const:
-    """An array value keyed by content: bit-exact (NaN payloads, -0.0), dtype, shape, sharding."""
-    __slots__ = ("value", "meta", "_bytes", "_hash")
+    """An array value keyed by content: bit-exact (NaN payloads, -0.0), dtype, shape, sharding.
+    A broadcast view (`analysis/repeats.py`) is keyed by its core and the axes it repeats along:
+    equal to a view of the same pattern, never to the same values held in full."""
+    __slots__ = ("value", "meta", "_core", "_bytes", "_hash")
 
     def __init__(self, value, meta: tuple):
+        rep = repeats.repeated_axes(value) if isinstance(value, np.ndarray) else ()
         self.value = value
-        self.meta = meta
+        self.meta = meta + (("repeats", rep),) if rep else meta
+        self._core = repeats.core(value, rep) if rep else value   # (a jax.Array: read lazily)
         self._bytes = None
         self._hash = None
 
     def data(self) -> bytes:
         if self._bytes is None:
-            self._bytes = np.ascontiguousarray(np.asarray(self.value)).tobytes()
+            self._bytes = np.ascontiguousarray(np.asarray(self._core)).tobytes()
         return self._bytes
 
     def __hash__(self):
         if self._hash is None:
             # an evenly spaced sample: hashing whole folded tables (RubiksCube: megabytes) was
             # most of cse's time; equality still compares every byte
-            flat = np.asarray(self.value).reshape(-1)
+            flat = np.asarray(self._core).reshape(-1)
             if flat.size > _HASH_SAMPLE:
                 flat = flat[::flat.size // _HASH_SAMPLE]
             sample = np.ascontiguousarray(flat).tobytes()

@@ -19,8 +19,10 @@ Rules (each a row below):
   larger than `fold_limit` elements are not folded. Large splats (a broadcast scalar, `iota`)
   keep their equation - XLA builds them cheaply and a literal would bloat the program - and so
   do large results computed from them, but their values still feed later folds (and index
-  operands of gathers, scatters and dynamic slices are always materialized).
-  Floating-point arithmetic is never folded.
+  operands of gathers, scatters and dynamic slices are always materialized). A value that
+  repeats along an axis (a table broadcast over a vmapped batch) is held as a numpy broadcast
+  view, and the rows that allow it run on one copy (`analysis/repeats.py`): folding costs the
+  table's size, not the batch's. Floating-point arithmetic is never folded.
 * `forward` (table `FORWARD`): an equation whose result is one of its operands is that operand,
   for every dtype (nothing is computed): `select_n p a a -> a` (a vmapped `switch` routes each
   branch constant through `select_n(p, stop_gradient(c), c)`), `select_n p a0 a1` with `p` a
@@ -52,6 +54,7 @@ import numpy as np
 from .. import _compat as C
 from .. import _walk
 from .._memo import array_key, memo, same_bits
+from ..analysis import repeats
 
 NAME = "fold"
 
@@ -439,10 +442,9 @@ def _splat_in_body(value, aval):
     if value is None or value.size == 0 or C.is_varying(aval) \
             or tuple(value.shape) != tuple(aval.shape):
         return None
-    flat = value.reshape(-1)
-    if not np.all(flat == flat[0]):
+    if not repeats.uniform(value):
         return None
-    scalar = C.literal(np.asarray(flat[0], dtype=value.dtype)[()],
+    scalar = C.literal(np.asarray(value.flat[0], dtype=value.dtype)[()],
                        aval.update(shape=(), weak_type=False))
     var = C.new_var(aval)
     e = C.new_eqn([scalar], [var], C.lax_primitive("broadcast_in_dim"),
@@ -537,7 +539,7 @@ def _bcast(v, p):
     mid = [1] * len(shape)
     for i, d in enumerate(dims):
         mid[d] = v[0].shape[i]
-    return [np.broadcast_to(v[0].reshape(mid), shape).copy()]
+    return [repeats.expand(v[0].reshape(mid), shape)]   # a view: see `analysis/repeats.py`
 
 
 def _iota(v, p):
@@ -545,7 +547,13 @@ def _iota(v, p):
     ar = np.arange(shape[dim], dtype=p["dtype"])
     mid = [1] * len(shape)
     mid[dim] = shape[dim]
-    return [np.broadcast_to(ar.reshape(mid), shape).copy()]
+    return [repeats.expand(ar.reshape(mid), shape)]
+
+
+def _owned(o: np.ndarray) -> np.ndarray:
+    """A copy of a slice or transpose (not a view into a larger value), except of a value that
+    repeats: that view stays as small as its core."""
+    return o if repeats.repeated_axes(o) else o.copy()
 
 
 def _ints_only(f):
@@ -570,8 +578,8 @@ def _select(v, p):
 
 def _slice(v, p):
     strides = p["strides"] or (1,) * v[0].ndim
-    return [v[0][tuple(slice(a, b, s) for a, b, s in
-                       zip(p["start_indices"], p["limit_indices"], strides))].copy()]
+    return [_owned(v[0][tuple(slice(a, b, s) for a, b, s in
+                              zip(p["start_indices"], p["limit_indices"], strides))])]
 
 
 def _clamp(v, p):
@@ -618,15 +626,17 @@ NUMPY_EXACT: dict[str, tuple[frozenset, Callable]] = {
     "broadcast_in_dim": (frozenset({"shape", "broadcast_dimensions", "sharding"}), _bcast),
     "iota": (frozenset({"dtype", "shape", "dimension", "sharding"}), _iota),
     "reshape": (frozenset({"new_sizes", "dimensions", "sharding"}),
-                lambda v, p: [v[0].reshape(p["new_sizes"])] if p["dimensions"] is None else None),
+                lambda v, p: ([repeats.reshape(v[0], p["new_sizes"])] if p["dimensions"] is None
+                              else None)),
     "squeeze": (frozenset({"dimensions"}),
                 lambda v, p: [np.squeeze(v[0], tuple(p["dimensions"]))]),
     "transpose": (frozenset({"permutation"}),
-                  lambda v, p: [np.transpose(v[0], p["permutation"]).copy()]),
+                  lambda v, p: [_owned(np.transpose(v[0], p["permutation"]))]),
     "concatenate": (frozenset({"dimension"}),
-                    lambda v, p: [np.concatenate(v, axis=p["dimension"])]),
+                    lambda v, p: [repeats.concatenate(v, p["dimension"])]),
     "slice": (frozenset({"start_indices", "limit_indices", "strides"}), _slice),
-    "rev": (frozenset({"dimensions"}), lambda v, p: [np.flip(v[0], tuple(p["dimensions"])).copy()]),
+    "rev": (frozenset({"dimensions"}),
+            lambda v, p: [_owned(np.flip(v[0], tuple(p["dimensions"])))]),
     "convert_element_type": (frozenset({"new_dtype", "weak_type", "sharding"}), _convert),
     "select_n": (frozenset(), _select),
     "eq": (frozenset(), lambda v, p: [np.equal(*v)]),
@@ -653,6 +663,11 @@ NUMPY_EXACT: dict[str, tuple[frozenset, Callable]] = {
                            "indices_are_sorted", "unique_indices", "mode"}), _scatter),
 }
 
+# rows that map element i of their operands to element i of their result: on values that repeat
+# along an axis (`analysis/repeats.py`) they run on one copy
+ELEMENTWISE = frozenset(NUMPY_EXACT) - {"broadcast_in_dim", "iota", "reshape", "squeeze",
+                                        "transpose", "concatenate", "slice", "rev", "scatter"}
+
 # operands that must share one dtype for the numpy row to apply (default: all of them)
 _SAME_DTYPE = {"select_n": lambda v: v[1:], "scatter": lambda v: (v[0], v[2])}
 
@@ -672,7 +687,10 @@ def _numpy_eval(eqn, vals) -> list | None:
     if len({v.dtype for v in same}) > 1:
         return None  # mixed operand dtypes: leave the promotion question to XLA
     try:
-        outs = fn(vals, p)
+        if eqn.primitive.name in ELEMENTWISE and len(eqn.outvars) == 1:
+            outs = repeats.elementwise(lambda vs: fn(vs, p), vals, eqn.outvars[0].aval.shape)
+        else:
+            outs = fn(vals, p)
     except Exception:  # noqa: BLE001 - anything unexpected: XLA decides
         return None
     if outs is None:
@@ -710,8 +728,7 @@ def _is_splat(eqn, val: np.ndarray) -> bool:
         return False
     if eqn.primitive.name == "iota":
         return True
-    flat = val.reshape(-1)
-    return bool(np.all(flat == flat[0]))
+    return repeats.uniform(val)
 
 
 def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:

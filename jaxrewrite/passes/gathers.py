@@ -11,6 +11,9 @@ broadcasts, checked on an index-tagged operand before it is used. Rules (one per
     dynamic_slice x 1 2  (literal starts; XLA clamps them)     ->  slice x (1,2) (1+h,2+w)
     scatter / dynamic_update_slice (static indices), where the target's cost row takes the
     select form (the GPU; see `passes/_updates.py`)           ->  select_n(hit, x, moved(v))
+    a gather or scatter kept as it is, its indices the same along a batching dim (a vmapped
+    `switch` branch's table)                                  ->  the same op, the batch a
+                                                                  window dim, one row of table
 
 Preconditions and declines (recorded with a reason, the original kept):
 * PROMISE_IN_BOUNDS with an out-of-range static index: implementation-defined;
@@ -41,6 +44,7 @@ from .. import _compat as C
 from ..backend import cost as _cost
 from ..analysis import indexmap as IM
 from ..analysis import exact as _exact
+from ..analysis import repeats
 from .. import _walk
 from .._memo import array_key, memo
 from .._memo import gather_map as memoised_gather_map
@@ -53,6 +57,8 @@ SHARED_FORM_SIZE = 4096   # maps up to this many entries key the shared trace ca
 # Operand dims above this size that every window takes whole (a vmapped gather's batch) are left
 # out of the index map and passed through: the map stays the size of one window's permutation.
 WIDE_DIM = U.WIDE_DIM
+# A scatter whose batch cannot be cut to one row is checked whole only up to this size.
+SCATTER_CHECK_LIMIT = 1 << 16
 
 
 LAX_OPS = U.LAX_OPS
@@ -114,7 +120,7 @@ ASSEMBLY = {
     "iota": (_iota, True),
     "broadcast_in_dim": (lambda v, p: IM.NUMPY_OPS.broadcast_in_dim(
         v[0], tuple(p["shape"]), tuple(p["broadcast_dimensions"])), True),
-    "concatenate": (lambda v, p: np.concatenate(v, axis=p["dimension"]), False),
+    "concatenate": (lambda v, p: repeats.concatenate(v, p["dimension"]), False),
     "reshape": (lambda v, p: np.reshape(v[0], tuple(p["new_sizes"]))
                 if p.get("dimensions") is None else None, False),
     "squeeze": (lambda v, p: np.squeeze(v[0], tuple(p["dimensions"])), False),
@@ -450,6 +456,87 @@ RULES = {
 }
 
 
+def _unbatched(eqn, ctx, statics):
+    """A gather or scatter the rules left as it was, whose static indices are the same along a
+    batching dim (a vmapped `switch` branch's table, or a table broadcast over the batch): the
+    same operation with the batch as a window dim and one row of the table. XLA then reads no
+    batch-sized index: on the CPU a turn of 4,096 cubes ran 0.33x the broadcast table's time
+    and 0.6x the constant table's, and compiles without a constant of the batch's size.
+
+        before:  y = gather x T      T: i32[4096,12,3], every row the same; batching dims (0, 0)
+        after:   y = gather x T0     T0: i32[12,3]; offset_dims=(0,), slice_sizes=(4096,1,1,1)
+    """
+    name = eqn.primitive.name
+    if name != "gather" and name not in U.SCATTERS or _exact.on(ctx):
+        return None
+    idx_atom = eqn.invars[1]
+    idx = statics.value(idx_atom)
+    if idx is None or idx.ndim < 2:
+        return None
+    repeated = [d for d in repeats.equal_axes(idx) if d < idx.ndim - 1]
+    if not repeated:
+        return None
+    p = eqn.params
+    xa = C.aval_of(eqn.invars[0])
+    if name == "gather":
+        r = IM.gather_unbatched(xa.shape, idx.shape, p["dimension_numbers"], p["slice_sizes"],
+                                repeated)
+        if r is None or not _gather_defined(eqn, repeats.core(idx, repeated)):
+            return None
+        dn, sizes, gone = r
+        params = {**p, "dimension_numbers": dn, "slice_sizes": sizes}
+    else:
+        r = IM.scatter_unbatched(xa.shape, idx.shape, C.aval_of(eqn.invars[2]).shape,
+                                 p["dimension_numbers"], repeated)
+        if r is None or not _one_write_each(eqn, idx):
+            return None
+        dn, gone = r
+        params = {**p, "dimension_numbers": dn}
+    table = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
+                                           for d in range(idx.ndim))])
+    new_idx = C.literal(table, C.aval_of(idx_atom).update(shape=table.shape))
+    invars = [eqn.invars[0], new_idx, *eqn.invars[2:]]
+    outs = C.abstract_eval(eqn.primitive, [C.aval_of(a) for a in invars], **params)
+    if [(o.shape, o.dtype) for o in outs] != [(v.aval.shape, v.aval.dtype) for v in eqn.outvars]:
+        return None    # (not expected: the dimension numbers say the same shapes)
+    ctx.report.applied(NAME, eqn, after=[f"{name} (the batch a window, one row of the table)"])
+    return _walk.Replacement([eqn.replace(invars=invars, params=params)], list(eqn.outvars))
+
+
+def _gather_defined(eqn, idx) -> bool:
+    """Whether a gather's result is defined for `idx`: a PROMISE_IN_BOUNDS start out of range is
+    implementation-defined (JAX's result is not ours to reproduce in another form)."""
+    p = eqn.params
+    if IM.mode_name(p["mode"]) != "promise":
+        return True
+    shape, sizes = C.aval_of(eqn.invars[0]).shape, p["slice_sizes"]
+    start_map = p["dimension_numbers"].start_index_map
+    return all(bool(np.all((idx[..., k] >= 0) & (idx[..., k] <= shape[m] - sizes[m])))
+               for k, m in enumerate(start_map))
+
+
+def _one_write_each(eqn, idx) -> bool:
+    """Whether a scatter's result is defined and its duplicate targets cannot change it: no
+    duplicates (one batch row's map), or a combination exact in any order. Otherwise which
+    update wins is XLA's choice, in the batched form and in the unbatched one alike: not ours to
+    reorder. (The map declines a PROMISE_IN_BOUNDS index out of range.)"""
+    _, dup_ok, _ = U.SCATTERS[eqn.primitive.name]
+    xa, ua = C.aval_of(eqn.invars[0]), C.aval_of(eqn.invars[2])
+    dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
+    batch = IM.scatter_batch_core(xa.shape, ua.shape, idx, dn, 0)
+    if batch is None and U.size(xa) > SCATTER_CHECK_LIMIT:
+        return False    # (a batch not leading: its map would be the whole batch's)
+    try:
+        target = (IM.scatter_map(batch[1], batch[2], batch[3], dn, mode) if batch
+                  else IM.scatter_map(xa.shape, ua.shape, idx, dn, mode))
+    except Decline:
+        return False
+    if dup_ok(xa.dtype):
+        return True
+    t = target[target >= 0]
+    return np.unique(t).size == t.size
+
+
 def _unfolded_index(eqn, ctx, statics):
     """A gather or update whose index is computed from constants but is no literal: a
     `Decline` saying why, so that no static gather or update is left in silence."""
@@ -492,6 +579,10 @@ def _level(cj, ctx):
             return fn(eqn, ctx, statics)
         except Decline as d:
             ctx.report.declined(NAME, eqn, str(d))
+        try:
+            return _unbatched(eqn, ctx, statics)
+        except Decline as d:
+            ctx.report.declined(NAME, eqn, f"its batch not made a window: {d}")
             return None
 
     j, changed = _walk.rewrite_eqns(cj.jaxpr, rule)

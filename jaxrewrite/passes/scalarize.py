@@ -58,7 +58,7 @@ from ..backend import autotune as _autotune
 from ..backend import cost as _cost
 from ..analysis import exact as _exact
 from .. import _walk
-from ..analysis.indexmap import decompose, gather_source_coords, window_core
+from ..analysis.indexmap import decompose, gather_batch_core, gather_source_coords, window_core
 from ..analysis.pieces import (Builder, each_piece, literal_like, objarray, rest_positions,
                                rest_shape, shape_of)
 from .._memo import array_key, memo
@@ -462,11 +462,15 @@ def gather_links(eqn, node):
         return None
     out = eqn.outvars[0]
     dn, ss, mode = eqn.params["dimension_numbers"], eqn.params["slice_sizes"], eqn.params["mode"]
-    wide, xs, ss = window_core(shape_of(x), dn, ss, node.max_axis)
+    # a batch read row for row with one table (a vmapped gather) passes through, as the dims
+    # every window takes whole do: the map is one row's
+    rows, xs, idx_val = gather_batch_core(shape_of(x), np.asarray(C.literal_value(idx)), dn, ss,
+                                          node.max_axis)
+    wide, xs, ss = window_core(xs, dn, ss, node.max_axis)
+    wide = {**rows, **wide}
     os_ = tuple(1 if j in wide.values() else s for j, s in enumerate(shape_of(out)))
     if math.prod(os_) > node.limit or math.prod(os_) == 0:
         return None
-    idx_val = np.asarray(C.literal_value(idx))
     try:
         coords, valid, pairs = memo(node.cache, "scalarize.gather_pairs",
                                     (xs, os_, array_key(idx_val), dn, ss, mode),

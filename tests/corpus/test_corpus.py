@@ -28,15 +28,10 @@ pytestmark = [pytest.mark.corpus,
 # rewrite itself (`indexmap.scatter_batch_core`, one scalarize run per round); the Jumanji and
 # Gymnax compile 1.11-1.48x that appeared only in a full run of this file: building the NetKet
 # program sets a global mesh, and constant folding declined the replicated shardings every op
-# then carries (`_compat.replicated`).
+# then carries (`_compat.replicated`); RubiksCube's compile 1.09-1.17x from the cold rewrite
+# and its 33 index tables of 4,096 rows compiled in as constants (each vmapped turn's gather and
+# scatter now reads one row of its table, the batch a window: `gathers._unbatched`).
 KNOWN_SLOW: dict[tuple[str, str, str], str] = {
-    # compile 1.09-1.17x since `jax.clear_caches()` also clears the rewrite's traces (Dec 5:
-    # earlier rounds reused them and read 0.96x): the cold rewrite is ~60 ms on a ~590 ms
-    # jax.jit compile, mostly fold (20-35 ms, ~1,950 evaluations tried) and scalarize (25 ms: it
-    # expands the 72 static updates into select forms, analyses, and finds no split)
-    **{("jumanji_rubiks_cube", "forward", options): "compile 1.09-1.17x: the cold rewrite "
-       "(fold, and scalarize's expansion that ends in no split)" for options in ("defaults",
-                                                                              "reroll")},
     # run 1.02-1.18x; the only rewrite that changes its HLO is the box permutations (81 cells
     # -> 9 boxes of 9) becoming reshape -> transpose of (1024, 3, 3, 3, 3[, 9]) -> reshape.
     # Dec 5, one process, 3-4 compilations each, paired: in one run optimize 1.11x (each
