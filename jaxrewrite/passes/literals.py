@@ -2,14 +2,15 @@
 
 fold makes index operands literals (the gathers pass reads them), and the pipeline makes
 closed-over constants literals. Under `vmap` such a value is one small table repeated along the
-batch axis; where no rewrite consumed it, it would reach XLA as a constant of the whole batch's
-size, which XLA then compiles in and the executable holds (Jumanji's RubiksCube step at 65,536
-cubes: 33 tables of 65,536 x 12 x 3, a 5.3 s compile against 0.44 s for `jax.jit`, which
-computes them with broadcasts).
+batch axis. Where no rewrite consumed it, it would reach XLA as a constant of the whole batch's
+size, which XLA compiles in and the executable holds: Jumanji's RubiksCube step at 65,536 cubes
+carried 33 tables of 65,536 x 12 x 3 and compiled in 5.3 s against 0.44 s for `jax.jit`, which
+computes them with broadcasts. (The gathers pass now reads one row of such a table where the
+batch can be a window dim, `gathers._unbatched`; this pass emits what is left.)
 
-    before:  g = gather x T                      T: i32[65536,12,3], every row the same
-    after:   t = broadcast_in_dim[shape=(65536, 12, 3), broadcast_dimensions=(0, 1)] T0
-             g = gather x t                      T0: i32[12,3]
+    before:  g = gather x T                      T: i32[65536,4,1], every row the same
+    after:   t = broadcast_in_dim[shape=(65536, 4, 1), broadcast_dimensions=(1, 2)] T0
+             g = gather x t                      T0: i32[4,1]
 """
 from __future__ import annotations
 
