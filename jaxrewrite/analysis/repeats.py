@@ -2,8 +2,9 @@
 
 Under `vmap` an index table is one small table repeated along the batch axis. Evaluated as a
 full array, every fold of it, every comparison and every copy costs the batch size: Jumanji's
-RubiksCube step spent 0.85 s of its rewrite in fold at 65,536 cubes, against 12 ms at 16. Kept as
-a view, an elementwise operation runs on one copy (the core) and broadcasts the result back.
+RubiksCube step spent 0.18 s of its rewrite in fold at 65,536 cubes, against 12 ms at 16, and
+the gathers pass 0.54 s mapping those tables. Kept as a view, an elementwise operation runs on
+one copy (the core) and broadcasts the result back.
 """
 from __future__ import annotations
 
