@@ -318,3 +318,33 @@ def test_a_gather_batch_is_not_made_a_window_that_would_reorder_the_result():
              operand_batching_dims=(1,), start_indices_batching_dims=(0,))
     new_dn, sizes, gone = IM.gather_unbatched((4, 5, 6), (5, 3, 1), dn, (1, 1, 6), (0,))
     assert new_dn.offset_dims == (0, 2) and sizes == (1, 5, 6) and gone == (0,)
+
+
+@settings(max_examples=max(60, settings.default.max_examples))
+@given(gathers(), st.sampled_from(["clip", "fill"]))
+def test_a_scatter_batch_made_a_window_gives_the_same_result(g, mode):
+    """`scatter_unbatched` on the scatter that mirrors a random gather (its windows, inserted
+    dims and batching dims): where it applies, the unbatched integer scatter-add is lax's
+    batched one. (Duplicate targets included, though the gathers pass makes a window only of a
+    scatter that writes each element once.)"""
+    shape, idx, gdn, sizes = g
+    ibatch = tuple(gdn.start_indices_batching_dims)
+    idx = _repeat_along_batching(idx, ibatch)
+    dn = SDN(update_window_dims=gdn.offset_dims, inserted_window_dims=gdn.collapsed_slice_dims,
+             scatter_dims_to_operand_dims=gdn.start_index_map,
+             operand_batching_dims=gdn.operand_batching_dims,
+             scatter_indices_batching_dims=ibatch)
+    ushape = IM.gather_output_shape(idx.shape, gdn, sizes)
+    r = IM.scatter_unbatched(shape, idx.shape, ushape, dn, ibatch)
+    if r is None:
+        return
+    new_dn, gone = r
+    core = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
+                                          for d in range(idx.ndim))])
+    assert not new_dn.operand_batching_dims
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    u = (np.arange(int(np.prod(ushape)), dtype=np.int32) * 7 + 1).reshape(ushape)
+    add = jax.jit(lambda x, i, u, dn: lax.scatter_add(x, i, u, dn, mode=mode),
+                  static_argnums=3)
+    np.testing.assert_array_equal(np.asarray(add(x, core, u, new_dn)),
+                                  np.asarray(add(x, idx, u, dn)))

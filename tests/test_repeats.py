@@ -137,11 +137,12 @@ def test_vmapped_switch_tables_become_one_row_with_the_batch_a_window(batch, in_
 
 @pytest.mark.parametrize("dtype,duplicates,unbatched", [
     (jnp.float32, True, False),   # which add lands first decides the float sum: kept batched
-    (jnp.int32, True, True),      # integer add is exact in any order
+    (jnp.int32, True, False),     # exact in any order, but duplicates stay batched all the same
     (jnp.float32, False, True),   # one write per element
+    (jnp.int32, False, True),
 ])
-def test_scatter_batch_made_a_window_only_where_duplicates_cannot_matter(dtype, duplicates,
-                                                                          unbatched):
+def test_scatter_batch_made_a_window_only_where_each_element_is_written_once(dtype, duplicates,
+                                                                             unbatched):
     where = np.array([0, 1, 1, 2]) if duplicates else np.array([0, 1, 3, 2])
 
     def branch(k):

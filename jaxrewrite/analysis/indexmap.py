@@ -242,7 +242,9 @@ def gather_unbatched(operand_shape, index_shape, dimension_numbers, slice_sizes,
     out_rank = len(offset_dims) + len(index_shape) - 1
     batch_pos = [d for d in range(out_rank) if d not in offset_dims]
     windows = [d for d in range(len(operand_shape)) if d not in collapsed and d not in obatch]
-    repeated = {d for d in repeated if index_shape[d] > 0}   # (one row to keep)
+    if not index_shape[-1]:
+        return None   # no start index at all: see scatter_unbatched
+    repeated = {d for d in repeated if index_shape[d] > 1}   # (a batch of one: nothing gained)
     r = _batch_to_window(obatch, ibatch, repeated, batch_pos, windows, offset_dims)
     if r is None:
         return None
@@ -263,7 +265,12 @@ def scatter_unbatched(operand_shape, index_shape, updates_shape, dimension_numbe
         "scatter_dims_to_operand_dims", "operand_batching_dims", "scatter_indices_batching_dims")
     batch_pos = [d for d in range(len(updates_shape)) if d not in uwd]
     windows = [d for d in range(len(operand_shape)) if d not in inserted and d not in obatch]
-    repeated = {d for d in repeated if index_shape[d] > 0}
+    if not index_shape[-1]:
+        # index vectors of no element: XLA:CPU placed such a windowed scatter-add's updates
+        # elsewhere (x + u where the batched form and the same with one zero start component
+        # gave the sums), found by test_indexmap's property test
+        return None
+    repeated = {d for d in repeated if index_shape[d] > 1}
     r = _batch_to_window(obatch, ibatch, repeated, batch_pos, windows, uwd)
     if r is None:
         return None

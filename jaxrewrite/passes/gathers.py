@@ -516,11 +516,10 @@ def _gather_defined(eqn, idx) -> bool:
 
 
 def _one_write_each(eqn, idx) -> bool:
-    """Whether a scatter's result is defined and its duplicate targets cannot change it: no
-    duplicates (one batch row's map), or a combination exact in any order. Otherwise which
-    update wins is XLA's choice, in the batched form and in the unbatched one alike: not ours to
-    reorder. (The map declines a PROMISE_IN_BOUNDS index out of range.)"""
-    _, dup_ok, _ = U.SCATTERS[eqn.primitive.name]
+    """Whether a scatter's result is defined and writes each element at most once (one batch
+    row's map). With duplicate targets, which update wins is XLA's choice, and even an integer
+    sum is left batched: the windowed form is where XLA's handling of duplicates is least
+    exercised. (The map declines a PROMISE_IN_BOUNDS index out of range.)"""
     xa, ua = C.aval_of(eqn.invars[0]), C.aval_of(eqn.invars[2])
     dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
     batch = IM.scatter_batch_core(xa.shape, ua.shape, idx, dn, 0)
@@ -531,8 +530,6 @@ def _one_write_each(eqn, idx) -> bool:
                   else IM.scatter_map(xa.shape, ua.shape, idx, dn, mode))
     except Decline:
         return False
-    if dup_ok(xa.dtype):
-        return True
     t = target[target >= 0]
     return np.unique(t).size == t.size
 
