@@ -517,9 +517,9 @@ def _gather_defined(eqn, idx) -> bool:
 
 def _one_write_each(eqn, idx) -> bool:
     """Whether a scatter's result is defined and writes each element at most once (one batch
-    row's map). With duplicate targets, which update wins is XLA's choice, and even an integer
-    sum is left batched: the windowed form is where XLA's handling of duplicates is least
-    exercised. (The map declines a PROMISE_IN_BOUNDS index out of range.)"""
+    row's map). With duplicate targets, which update wins is XLA's choice; an integer sum would
+    be exact in any order, but no real program has needed it, and it stays batched as written.
+    (The map declines a PROMISE_IN_BOUNDS index out of range.)"""
     xa, ua = C.aval_of(eqn.invars[0]), C.aval_of(eqn.invars[2])
     dn, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
     batch = IM.scatter_batch_core(xa.shape, ua.shape, idx, dn, 0)
