@@ -246,24 +246,32 @@ def test_numpy_evaluation_declines_where_xla_defines_the_edge():
     assert seen == len(cases)
 
 
-@pytest.mark.parametrize("name", sorted(fold.NUMPY_EXACT))
-def test_numpy_evaluation_is_bit_exact_against_xla(name):
-    """Every primitive fold evaluates in numpy gives XLA's bits, overflow and edges included."""
-    a, b = _EDGE, np.roll(_EDGE, 3) * np.int32(-3)
+def numpy_rows_against_xla(name, a, b, operand=lambda v: v) -> list:
+    """Runs `_NUMPY_CASES[name]` on `a, b` equation by equation through XLA, and each equation of
+    primitive `name` through fold's numpy row too, on its operands as `operand` gives them:
+    asserts XLA's dtype, shape and bits, and returns (operands, numpy results) of each."""
     cj = jax.make_jaxpr(lambda a, b: _NUMPY_CASES[name](a, b))(a, b)
     env = dict(zip(cj.jaxpr.invars, (a, b)))
-    checked = 0
+    checked = []
     for eqn in cj.jaxpr.eqns:
-        vals = [np.asarray(C.literal_value(x)) if C.is_literal(x) else env[x] for x in eqn.invars]
-        ref = C.eval_primitive_on_cpu(eqn.primitive, vals, eqn.params)
+        vals = [np.asarray(C.literal_value(x)) if C.is_literal(x) else operand(env[x])
+                for x in eqn.invars]
+        ref = C.eval_primitive_on_cpu(eqn.primitive, [np.array(v) for v in vals], eqn.params)
         got = fold._numpy_eval(eqn, vals) if eqn.primitive.name == name else None
         if got is not None:
-            checked += 1
+            checked.append((vals, got))
             for g, r in zip(got, ref):
                 assert g.dtype == r.dtype and g.shape == r.shape
                 np.testing.assert_array_equal(g, r)
-        env.update(zip(eqn.outvars, ref))
-    assert checked >= 1, f"{name} was never evaluated in numpy"
+        env.update(zip(eqn.outvars, (np.asarray(r) for r in ref)))
+    assert checked, f"{name} was never evaluated in numpy"
+    return checked
+
+
+@pytest.mark.parametrize("name", sorted(fold.NUMPY_EXACT))
+def test_numpy_evaluation_is_bit_exact_against_xla(name):
+    """Every primitive fold evaluates in numpy gives XLA's bits, overflow and edges included."""
+    numpy_rows_against_xla(name, _EDGE, np.roll(_EDGE, 3) * np.int32(-3))
 
 
 def test_same_bits_tells_signed_zeros_and_nan_payloads_apart():

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 from jaxrewrite.analysis import indexmap as IM
+from jaxrewrite.analysis import repeats
 from jaxrewrite.report.records import Decline
 
 GDN = lax.GatherDimensionNumbers
@@ -299,8 +300,7 @@ def test_a_gather_batch_made_a_window_gives_the_same_result(g, mode):
     if r is None:
         return
     new_dn, new_sizes, gone = r
-    core = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
-                                          for d in range(idx.ndim))])
+    core = repeats.row(idx, gone)
     assert not new_dn.operand_batching_dims and core.ndim == idx.ndim - len(gone)
     ref, _ = _lax_gather_tagged(shape, idx, dn, sizes, mode)
     got, _ = _lax_gather_tagged(shape, core, new_dn, new_sizes, mode)
@@ -339,8 +339,7 @@ def test_a_scatter_batch_made_a_window_gives_the_same_result(g, mode):
     if r is None:
         return
     new_dn, gone = r
-    core = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
-                                          for d in range(idx.ndim))])
+    core = repeats.row(idx, gone)
     assert not new_dn.operand_batching_dims
     x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
     u = (np.arange(int(np.prod(ushape)), dtype=np.int32) * 7 + 1).reshape(ushape)

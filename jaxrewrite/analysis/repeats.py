@@ -35,6 +35,12 @@ def core(v: np.ndarray, axes: Sequence[int] | None = None) -> np.ndarray:
     return v[tuple(slice(0, 1) if d in axes else slice(None) for d in range(v.ndim))]
 
 
+def row(v: np.ndarray, axes) -> np.ndarray:
+    """`v` at index 0 along `axes`, those axes dropped: one copy of a table repeated along them,
+    contiguous."""
+    return np.ascontiguousarray(v[tuple(0 if d in axes else slice(None) for d in range(v.ndim))])
+
+
 def expand(c: np.ndarray, shape) -> np.ndarray:
     """`c` broadcast to `shape`: a read-only view."""
     return np.broadcast_to(c, tuple(shape))

@@ -492,8 +492,7 @@ def _unbatched(eqn, ctx, statics):
             return None
         dn, gone = r
         params = {**p, "dimension_numbers": dn}
-    table = np.ascontiguousarray(idx[tuple(0 if d in gone else slice(None)
-                                           for d in range(idx.ndim))])
+    table = repeats.row(idx, gone)
     new_idx = C.literal(table, C.aval_of(idx_atom).update(shape=table.shape))
     invars = [eqn.invars[0], new_idx, *eqn.invars[2:]]
     outs = C.abstract_eval(eqn.primitive, [C.aval_of(a) for a in invars], **params)

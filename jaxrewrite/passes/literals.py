@@ -39,7 +39,7 @@ def compact(atom) -> tuple[C.Literal, tuple[int, ...]] | None:
     if not rep:
         return None
     keep = tuple(d for d in range(v.ndim) if d not in rep)
-    core = np.ascontiguousarray(v[tuple(0 if d in rep else slice(None) for d in range(v.ndim))])
+    core = repeats.row(v, rep)
     core_aval = aval.update(shape=core.shape)
     return C.literal(core[()] if core.ndim == 0 else core, core_aval), keep
 
