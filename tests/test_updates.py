@@ -189,3 +189,63 @@ def test_a_vmapped_table_scatter_is_mapped_per_element():
     other[7, 0] = (2, 1, 1)
     assert IM.scatter_batch_core((4096, 6, 3, 3), (4096, 12), other, _RING_DN, 64) is None
     assert IM.scatter_batch_core((64, 6, 3, 3), (64, 12), table[:64], _RING_DN, 64) is None
+
+
+# the nine 3x3 boxes of a 9x9 board as rows of 9 cells (a permutation of the 81 cells)
+_BOX = np.arange(81).reshape(3, 3, 3, 3).transpose(0, 2, 1, 3).reshape(9, 9)
+
+
+def _box_write_back(mask):          # Jumanji's Sudoku: boxes read, masked, written back
+    flat = mask.reshape(81, 9)
+    boxes = flat[_BOX] & (jnp.arange(9) % 2 == 0)
+    return flat.at[_BOX].set(boxes).reshape(9, 9, 9)
+
+
+def _perm_add(x):                   # every element written once, added to
+    return x.at[np.array([0, 2, 1, 3])].add(x[::-1] * 5)  # (a 2x2 transpose)
+
+
+def _float_perm_set(x, v):
+    return x.at[..., np.array([2, 3, 0, 1])].set(v)  # (halves swapped)
+
+
+OVERWRITES = {
+    "box write-back, vmap": (jax.vmap(_box_write_back), lambda n: (
+        np.random.default_rng(3).integers(0, 2, (n, 9, 9, 9)).astype(bool),)),
+    "permutation add, vmap": (jax.vmap(_perm_add), lambda n: (
+        np.arange(n * 4, dtype=np.int32).reshape(n, 4),)),
+    "float permutation set, leading batch axis": (_float_perm_set, lambda n: (
+        np.zeros((n, 4), np.float32),
+        np.array([np.nan, -0.0, 1.5, -np.inf] * n, np.float32).reshape(n, 4))),
+}
+
+
+@pytest.mark.parametrize("batch", [1, 1024])
+@pytest.mark.parametrize("name", sorted(OVERWRITES))
+def test_an_update_that_writes_every_element_once_is_moved_data(name, batch):
+    """Nothing of the operand survives, so there is nothing to update in place: on the CPU too
+    the update becomes its updates moved (no select), and the bits are `jax.jit`'s."""
+    fn, make = OVERWRITES[name]
+    args = make(batch)
+    assert _updates(jax.make_jaxpr(fn)(*args)) >= 1
+    cj = assert_equivalent(fn, *args, bitwise=True, target="cpu")
+    assert _updates(cj) == 0
+    assert primitive_counts(cj).get("select_n", 0) == 0
+
+
+def test_a_float_overwrite_keeps_its_gradient():
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    v = np.linspace(2, 3, 8, dtype=np.float32).reshape(2, 4)
+    assert_equivalent(lambda x, v: jnp.sum(_float_perm_set(x, v) * x), x, v, grad=True)
+
+
+@pytest.mark.parametrize("index", [np.array([3, 0, 2, 3]),      # one element written twice
+                                   np.array([3, 0, 2])])        # one element not written
+def test_an_update_that_misses_an_element_stays_in_place(index):
+    def f(x):
+        return x.at[index].set(jnp.arange(index.size, dtype=x.dtype)[:, None] + 10)
+
+    x = np.arange(4 * 64, dtype=np.int32).reshape(64, 4).T
+    res = _rewrite(f, x, target="cpu")
+    assert _updates(res.jaxpr) == 1
+    assert any("in-place update" in (d.reason or "") for d in res.report.declines)

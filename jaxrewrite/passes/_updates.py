@@ -12,6 +12,7 @@ The form (one layer per duplicate depth; unique targets give one layer):
 
     y = scatter x idx v        (.at[idx].set)   ->  y = select_n(hit, x, moved(v))
     y = scatter-add x idx v    (integers)       ->  y = x + select_n(hit, 0, moved(v))
+    y = scatter x perm v       (every element written once)  ->  y = moved(v)   (no select)
     y = scatter-mul/min/max x idx v (integers)  ->  y = select_n(hit, x, x ⊕ moved(v))
     y = dynamic_update_slice x u 1 2            ->  y = select_n(window, x, moved(u))
 
@@ -212,6 +213,15 @@ def hit_mask(u: Update) -> np.ndarray:
     return hit.reshape(xs)
 
 
+def overwrites_all(u: Update) -> bool:
+    """Whether `u` writes every operand element exactly once (its result is the moved updates,
+    combined with the operand where it combines)."""
+    t = u.target.reshape(-1)
+    t = t[t >= 0]
+    n_x = int(np.prod(C.aval_of(u.x).shape[u.lead:], dtype=np.int64))
+    return t.size == n_x and np.unique(t).size == n_x
+
+
 def layers(u: Update) -> list:
     """Operand-shaped maps into the flat updates (-1: not hit), one per duplicate depth: layer k
     takes each target's k-th update in update order."""
@@ -264,6 +274,9 @@ def _select_form(xv, uv, layers_, combine, lead, ops):
         for prog, mask_shape, mask_bytes, dims in layers_:
             moved = IM.apply_program(uv, IM.lift_program(prog, uv.shape[:lead]), ops)
             small = np.frombuffer(mask_bytes, dtype=bool).reshape(mask_shape)
+            if small.all():  # every element written: nothing of `y` is kept
+                y = moved if combine is None else combine(y, moved)
+                continue
             hit_b = lax.broadcast_in_dim(small, y.shape, tuple(d + lead for d in dims))
             if combine is _combine_add:
                 # y + select(hit, moved, -0.0): adding -0.0 is the exact identity (signed zeros

@@ -27,7 +27,8 @@ Preconditions and declines (recorded with a reason, the original kept):
   for analysis only, never emitted;
 * an index computed from constants that is still not static here (a floating-point step, a
   table above the assembly limit, `fold=False`): recorded, so no static gather is left silent;
-* a static update on a target that updates in place (the CPU): kept, with the estimate;
+* a static update on a target that updates in place (the CPU): kept, with the estimate,
+  unless it writes every operand element once (then it is its updates moved, no select);
 * fills for extended dtypes (PRNG keys); a scatter whose result depends on the order of
   duplicate indices (set, floating add/mul); integer add, min and max with duplicates are kept
   exact by applying one layer of unique targets after another.
@@ -325,15 +326,26 @@ def _update(eqn, ctx, statics):
     XLA updates a buffer in place: the update costs the elements it writes. The select form reads
     and writes the whole operand; it pays where it fuses away a kernel (the GPU) or where
     scalarize splits the updated axis (then it is renaming: `passes/scalarize.py` takes it there
-    itself, so it is not made here for that).
+    itself, so it is not made here for that). An update that writes every element once is taken
+    on every target: nothing of the operand is kept, so there is no select, only the moved
+    updates, which fuse where the scatter is a loop of its own (Jumanji's Sudoku writes its 81
+    cells back box by box: `x.at[BOX_IDX].set(v)` -> `v` transposed).
     """
     if any(statics.value(a) is None for a in U.index_atoms(eqn)):
         return None  # dynamic indices: nothing to do (not a decline)
     operand, updated = U.sizes(eqn)
     why = _cost.update_form_decision(ctx.target, operand, updated, ctx.options.gathers == "all")
-    if why is not None:
+    if why is not None and updated < operand:
+        raise Decline(why)  # (it cannot write every element)
+    try:
+        u = U.static_update(eqn, statics.value, ctx.options.fold_limit,
+                            getattr(ctx, "cache", None))
+    except Decline:
+        if why is not None:
+            raise Decline(why) from None
+        raise
+    if why is not None and not U.overwrites_all(u):
         raise Decline(why)
-    u = U.static_update(eqn, statics.value, ctx.options.fold_limit, getattr(ctx, "cache", None))
     concat = _cost.costs(ctx.target).scatter_concat_pieces  # the target's default (GPU: some)
     concat_ok = not u.lead or operand <= IM.SPLIT_MAX_ELEMENTS  # as the full map's
     rep = U.emit_select(eqn, u, lambda shape, m: _program(shape, m, ctx, concat, concat_ok),

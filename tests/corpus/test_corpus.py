@@ -23,25 +23,18 @@ pytestmark = [pytest.mark.corpus,
               pytest.mark.filterwarnings("ignore:Explicitly requested dtype:UserWarning")]
 
 # Rows that miss the promise today, each with its open cause (xfail, strict=False: an XPASS is
-# not an error). Fixed and no longer listed: NetKet GCNN and e3nn gradient with reroll=True
-# (`backend.cost.reroll_body` declines those bodies); RubiksCube's compile 1.85-1.92x from the
-# rewrite itself (`indexmap.scatter_batch_core`, one scalarize run per round); the Jumanji and
-# Gymnax compile 1.11-1.48x that appeared only in a full run of this file: building the NetKet
-# program sets a global mesh, and constant folding declined the replicated shardings every op
-# then carries (`_compat.replicated`); RubiksCube's compile 1.09-1.17x from the cold rewrite
-# and its 33 index tables of 4,096 rows compiled in as constants (each vmapped turn's gather and
-# scatter now reads one row of its table, the batch a window: `gathers._unbatched`).
-KNOWN_SLOW: dict[tuple[str, str, str], str] = {
-    # run 1.02-1.18x in single measurements; the only rewrite that changes its HLO is the box
-    # permutations (81 cells -> 9 boxes of 9) becoming reshape -> transpose of
-    # (1024, 3, 3, 3, 3[, 9]) -> reshape. Dec 5, one process, 6 compilations of each variant
-    # run in 60 rotated rounds (a one-off script): optimize 1.025x (each 1.007-1.048x),
-    # gathers=False 0.998x, A/A 0.993x. So the cost is real but 2-3%, within the promise;
-    # one measurement here spreads 0.93-1.13x, more than the margin
-    **{("jumanji_sudoku", "forward", options): "run about 1.02-1.03x (the box transposes), "
-       "which one measurement here cannot tell from 1.05x" for options in ("defaults",
-                                                                          "reroll")},
-}
+# not an error). None today. Fixed and no longer listed: NetKet GCNN and e3nn gradient with
+# reroll=True (`backend.cost.reroll_body` declines those bodies); RubiksCube's compile
+# 1.85-1.92x from the rewrite itself (`indexmap.scatter_batch_core`, one scalarize run per
+# round); the Jumanji and Gymnax compile 1.11-1.48x that appeared only in a full run of this
+# file: building the NetKet program sets a global mesh, and constant folding declined the
+# replicated shardings every op then carries (`_compat.replicated`); RubiksCube's compile
+# 1.09-1.17x from the cold rewrite and its 33 index tables of 4,096 rows compiled in as
+# constants (each vmapped turn's gather and scatter now reads one row of its table, the batch a
+# window: `gathers._unbatched`); Sudoku's run 1.02-1.03x from its box transposes, beside a
+# box write-back scatter kept in place (a scatter that writes every element once is now its
+# updates moved: `_updates.overwrites_all`).
+KNOWN_SLOW: dict[tuple[str, str, str], str] = {}
 
 ROWS = [(make, direction, options) for make in corpus.PROGRAMS
         for direction in corpus.directions(make) for options in corpus.OPTIONS]
