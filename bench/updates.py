@@ -7,7 +7,8 @@ cube face turn, a cube-environment step of 18 turns, a register shift (`jnp.roll
 .set(t)`) straight-line, through a jitted helper and in a `fori_loop`, an LFSR of 8 words whose
 words scalarize splits, and a float `dynamic_update_slice` under `jax.grad`; batch 1 to 65,536.
 
-Per program and batch: updates (scatters, dynamic_update_slices) and selects left in the traced
+Per program and batch: the rewrites applied (0: optimize hands XLA `jax.jit`'s own program, and
+its ratios measure only noise), updates (scatters, dynamic_update_slices) and selects left in the traced
 program, CPU run time (paired medians, one process) and compile time (paired, caches cleared) of
 optimize and of a second jax.jit, each as a ratio to the first jax.jit; GPU kernels from XLA's
 deviceless compile where a `gpu_target` is given (the gpu-aot extra).
@@ -31,8 +32,8 @@ from jaxrewrite import _walk  # noqa: E402
 NAME = "updates"
 VARIANTS = ("jit", "opt", "jit_again")
 UPDATES = ("scatter", "scatter-add", "scatter_add", "scatter-mul", "dynamic_update_slice")
-COLUMNS = ("program", "batch", "updates_jit", "updates_opt", "selects_opt", "fusions_jit",
-           "fusions_opt", "kernels_jit", "kernels_opt", "run_us_jit", "run_ratio_opt",
+COLUMNS = ("program", "batch", "rewrites_opt", "updates_jit", "updates_opt", "selects_opt",
+           "fusions_jit", "fusions_opt", "kernels_jit", "kernels_opt", "run_us_jit", "run_ratio_opt",
            "run_ratio_jit_again", "compile_ratio_opt", "compile_ratio_jit_again")
 
 
@@ -147,7 +148,9 @@ def measure(name, fn, arg, quick: bool, gpu_target: str | None = None) -> dict:
         tj = fns[v].trace(arg).jaxpr
         row[f"updates_{v}"] = _count(tj, UPDATES)
         row[f"fusions_{v}"] = _common.cpu_fusions(ph[v]["compiled"])
-    row["selects_opt"] = _count(fns["opt"].trace(arg).jaxpr, ("select_n",))
+    row["selects_opt"] = _count(_make("opt", fn).trace(arg).jaxpr, ("select_n",))
+    # 0: optimize hands XLA jax.jit's own program, so its ratios are what noise is
+    row["rewrites_opt"] = len(jaxrewrite.last_report().rewrites)
     inner = _common.calls_per_sample(fns["jit"], arg, 0.005 if quick else 0.02, cap=500)
     run = _common.paired_calls({v: (lambda f=fns[v]: f(arg)) for v in VARIANTS},
                                repeats=3 if quick else 9, inner=inner)

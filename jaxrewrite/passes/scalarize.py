@@ -1003,11 +1003,12 @@ def _update_program(cache):
     return program
 
 
-def expand_updates(jaxpr, ctx):
-    """The level with its static updates in their select form (`passes/_updates.py`), or None
-    where it has none worth it. On targets that keep updates in place (the CPU), the select is
-    taken only here: split along the updated axis it is renaming; where the level is not split,
-    the update stays as it was.
+def expand_updates(jaxpr, ctx, only=None):
+    """The level with its static updates in their select form (`passes/_updates.py`) and, for
+    each, the axes a split must cut for its select to be renaming ({result var: axes}); None
+    where it has none worth it. `only`: the indices of the equations to expand (None: all). On
+    targets that keep updates in place (the CPU), the select is taken only here: split along the
+    updated axis it is renaming; where the level is not split, the update stays as it was.
 
         before:  k:u32[N,8] = scatter[...] b 7 i            (b: a register shifted by a roll)
         after:   k = select_n(broadcast(hit), b, broadcast(i))   → pieces: k_7 = i, k_j = b_j
@@ -1024,6 +1025,8 @@ def expand_updates(jaxpr, ctx):
     cache = getattr(ctx, "cache", None)
     program = _update_program(cache)
     small = max(costs.max_axis, costs.cost_axis)
+    index: dict = {}     # id(eqn as `rule` sees it) -> its position in `jaxpr`
+    needs: dict = {}
 
     def value_of(atom):
         return (np.asarray(C.literal_value(atom), dtype=C.aval_of(atom).dtype)
@@ -1031,6 +1034,8 @@ def expand_updates(jaxpr, ctx):
 
     def rule(eqn):
         if eqn.primitive.name not in _updates.UPDATES or eqn.effects:
+            return None
+        if only is not None and index.get(id(eqn)) not in only:
             return None
         try:
             u = _updates.static_update(eqn, value_of, ctx.options.fold_limit, cache)
@@ -1040,29 +1045,72 @@ def expand_updates(jaxpr, ctx):
             _, dims = _updates.reduced_mask(hit)
             if not dims or any(hit.shape[d] > small for d in dims):
                 return None   # no small axis it varies along: no split would take it
-            return _updates.emit_select(eqn, u, program)
+            rep = _updates.emit_select(eqn, u, program)
+            needs[rep.outs[0]] = (index.get(id(eqn)), frozenset(u.lead + d for d in dims))
+            return rep
         except Decline as d:
             ctx.report.declined(PASS, eqn, f"static update not taken into pieces: {d}")
             return None
 
-    j, changed = _walk.rewrite_eqns(jaxpr, rule)
-    return j if changed else None
+    j, changed = _walk.rewrite_eqns(jaxpr, _indexed(jaxpr, index, rule))
+    return (j, needs) if changed else None
+
+
+def _indexed(jaxpr, index: dict, rule):
+    """`rule` for `_walk.rewrite_eqns`, with `index` filled as it goes: id(eqn as `rule` sees
+    it) -> its position in `jaxpr` (the walk renames operands, which makes a new equation)."""
+    position = iter(range(len(jaxpr.eqns)))
+
+    def indexed(eqn):
+        index[id(eqn)] = next(position)
+        return rule(eqn)
+    return indexed
+
+
+def _unsplit_updates(an, needs: dict) -> set:
+    """The positions of the expanded updates whose select the chosen split leaves a select:
+    an axis their hit mask varies along is not cut (a cube's six faces past `max_pieces`)."""
+    return {i for v, (i, axes) in needs.items() if not axes <= set(an.chosen.get(v, ()))}
 
 
 def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     """One level: (new jaxpr, changed); its static updates are taken in their select form where
-    that form is split (`expand_updates`), else kept."""
+    that form is split into renaming (`expand_updates`), else kept.
+
+    An update whose select the split would leave a select along an uncut axis stays the update
+    it is (on the CPU that select was 1.9-3.6x slower and compiled 20x slower: a vmapped cube
+    step of 18 turns, its six faces past `max_pieces`); the level is analysed again without it.
+    """
     # (the expanded form is what this pass saw when the gathers pass made every static update
     # a select: one attempt on it, and the original back where it declines)
-    expanded = expand_updates(jaxpr, ctx)
-    new, changed = _scalarize_level(jaxpr if expanded is None else expanded, ctx, mode, consts)
+    only = None
+    costs = _cost.costs(ctx.target)
+    for _ in range(3):
+        expanded = expand_updates(jaxpr, ctx, only)
+        if expanded is None:
+            break
+        level, needs = expanded
+        an = analyse(level, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
+        bad = _unsplit_updates(an, needs) if an.plan is not None else set()
+        if not bad:
+            new, changed = _scalarize_level(level, ctx, mode, consts, an)
+            return (new, True) if changed else (jaxpr, False)
+        ctx.report.declined(PASS, jaxpr.eqns[min(bad)], (
+            f"{len(bad)} static update(s) kept in place: the split would cut "
+            "none or only some of the axes their writes vary along, leaving a select of the "
+            "whole array (slower than the update on this target)"))
+        only = {i for i, _ in needs.values()} - bad
+        if not only:
+            break
+    new, changed = _scalarize_level(jaxpr, ctx, mode, consts)
     return (new, True) if changed else (jaxpr, False)
 
 
-def _scalarize_level(jaxpr, ctx, mode, consts=()) -> tuple:
+def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None) -> tuple:
     """One level: (new jaxpr, changed). With `autotune`, the cost model's soft verdicts (piece
     size, re-joins vs permutations) are checked by compiling both forms (`backend.autotune.choose`);
-    its hard limits (`backend.cost.scalarize_limit`) always stand."""
+    its hard limits (`backend.cost.scalarize_limit`) always stand. `an`: the level's analysis,
+    where the caller made it."""
     target = ctx.target
     costs = _cost.costs(target)
     if costs.min_piece_elements and not ctx.options.autotune:
@@ -1071,7 +1119,8 @@ def _scalarize_level(jaxpr, ctx, mode, consts=()) -> tuple:
         if reason is not None:
             ctx.report.declined(PASS, jaxpr.eqns[0], reason)
             return jaxpr, False
-    an = analyse(jaxpr, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
+    if an is None:
+        an = analyse(jaxpr, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
     if an.plan is None:
         return jaxpr, False
     if (why := _exact.reason(ctx, an.chosen, "splitting")) is not None:
