@@ -1005,8 +1005,9 @@ def _update_program(cache):
 
 def expand_updates(jaxpr, ctx, only=None):
     """The level with its static updates in their select form (`passes/_updates.py`) and, for
-    each, the axes a split must cut for its select to be renaming ({result var: axes}); None
-    where it has none worth it. `only`: the indices of the equations to expand (None: all). On
+    each, its position in `jaxpr` and the axes a split must cut for its select to be renaming
+    ({result var: (position, axes)}); None where it has none worth it. `only`: the positions
+    of the equations to expand (None: all). On
     targets that keep updates in place (the CPU), the select is taken only here: split along the
     updated axis it is renaming; where the level is not split, the update stays as it was.
 
@@ -1025,7 +1026,7 @@ def expand_updates(jaxpr, ctx, only=None):
     cache = getattr(ctx, "cache", None)
     program = _update_program(cache)
     small = max(costs.max_axis, costs.cost_axis)
-    index: dict = {}     # id(eqn as `rule` sees it) -> its position in `jaxpr`
+    position = iter(range(len(jaxpr.eqns)))   # (`rule` sees each equation once, in order)
     needs: dict = {}
 
     def value_of(atom):
@@ -1033,9 +1034,10 @@ def expand_updates(jaxpr, ctx, only=None):
                 if C.is_literal(atom) else None)
 
     def rule(eqn):
+        i = next(position)
         if eqn.primitive.name not in _updates.UPDATES or eqn.effects:
             return None
-        if only is not None and index.get(id(eqn)) not in only:
+        if only is not None and i not in only:
             return None
         try:
             u = _updates.static_update(eqn, value_of, ctx.options.fold_limit, cache)
@@ -1046,25 +1048,14 @@ def expand_updates(jaxpr, ctx, only=None):
             if not dims or any(hit.shape[d] > small for d in dims):
                 return None   # no small axis it varies along: no split would take it
             rep = _updates.emit_select(eqn, u, program)
-            needs[rep.outs[0]] = (index.get(id(eqn)), frozenset(u.lead + d for d in dims))
+            needs[rep.outs[0]] = (i, frozenset(u.lead + d for d in dims))
             return rep
         except Decline as d:
             ctx.report.declined(PASS, eqn, f"static update not taken into pieces: {d}")
             return None
 
-    j, changed = _walk.rewrite_eqns(jaxpr, _indexed(jaxpr, index, rule))
+    j, changed = _walk.rewrite_eqns(jaxpr, rule)
     return (j, needs) if changed else None
-
-
-def _indexed(jaxpr, index: dict, rule):
-    """`rule` for `_walk.rewrite_eqns`, with `index` filled as it goes: id(eqn as `rule` sees
-    it) -> its position in `jaxpr` (the walk renames operands, which makes a new equation)."""
-    position = iter(range(len(jaxpr.eqns)))
-
-    def indexed(eqn):
-        index[id(eqn)] = next(position)
-        return rule(eqn)
-    return indexed
 
 
 def _unsplit_updates(an, needs: dict) -> set:
@@ -1085,7 +1076,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
     # a select: one attempt on it, and the original back where it declines)
     only = None
     costs = _cost.costs(ctx.target)
-    for _ in range(3):
+    for _ in range(3):   # (each round expands fewer updates; where 3 do not settle it, none)
         expanded = expand_updates(jaxpr, ctx, only)
         if expanded is None:
             break
