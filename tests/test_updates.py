@@ -4,6 +4,9 @@ On the CPU a static `.at[i].set(v)` / `dynamic_update_slice` stays the update it
 buffer in place) unless scalarize splits the updated axis, where its select form is renaming; on
 the GPU row the select form fuses (passes/_updates.py, backend/cost.py `update_form`).
 """
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +15,10 @@ from jax import lax
 
 import jaxrewrite
 from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+import updates as bench_updates  # noqa: E402  (its cube step of 18 turns)
 
 UPDATES = {"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
            "scatter-min", "scatter-max", "dynamic_update_slice"}
@@ -236,7 +243,9 @@ def test_an_update_that_writes_every_element_once_is_moved_data(name, batch):
 def test_a_float_overwrite_keeps_its_gradient():
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     v = np.linspace(2, 3, 8, dtype=np.float32).reshape(2, 4)
-    assert_equivalent(lambda x, v: jnp.sum(_float_perm_set(x, v) * x), x, v, grad=True)
+    cj = assert_equivalent(lambda x, v: jnp.sum(_float_perm_set(x, v) * x), x, v, grad=True,
+                           target="cpu")
+    assert _updates(cj) == 0
 
 
 @pytest.mark.parametrize("index", [np.array([3, 0, 2, 3]),      # one element written twice
@@ -251,28 +260,13 @@ def test_an_update_that_misses_an_element_stays_in_place(index):
     assert any("in-place update" in (d.reason or "") for d in res.report.declines)
 
 
-_CUBE_RING = {0: (1, 2, 3, 4), 1: (0, 4, 5, 2), 2: (0, 1, 5, 3), 3: (0, 2, 5, 4),
-              4: (0, 3, 5, 1), 5: (1, 4, 3, 2)}
-
-
-def _cube_step(c):                  # 18 turns of a simplified cube (bench/updates.py)
-    for face in range(6):
-        for quarter in (1, 2, 3):
-            for _ in range(quarter):
-                c = c.at[face].set(jnp.rot90(c[face], k=-1))
-                a, b, d, e = _CUBE_RING[face]
-                ra, rb, rd, re_ = c[a, 0], c[b, 0], c[d, 0], c[e, 0]
-                c = c.at[a, 0].set(re_).at[b, 0].set(ra).at[d, 0].set(rb).at[e, 0].set(rd)
-    return c
-
-
 @pytest.mark.parametrize("batch", [4096, 65536])
 def test_updates_a_split_would_leave_selects_stay_in_place(batch):
     """A cube's 6 x 3 x 3 stickers are more pieces than a split takes: it would cut the 3 x 3
     axes and leave each turn's writes a select along the six faces (1.9-3.6x slower, compile
     20x). Those updates stay as they are, with the reason; nothing else is taken."""
     c = np.random.default_rng(4).integers(0, 6, (batch, 6, 3, 3), dtype=np.int8)
-    fn = jax.vmap(_cube_step)
+    fn = jax.vmap(bench_updates.cube_step)
     res = _rewrite(fn, c, target="cpu")
     assert _updates(res.jaxpr) == _updates(jax.make_jaxpr(fn)(c)) == 180
     assert primitive_counts(res.jaxpr).get("select_n", 0) == 0
