@@ -213,13 +213,19 @@ def hit_mask(u: Update) -> np.ndarray:
     return hit.reshape(xs)
 
 
+def written_once(target: np.ndarray) -> np.ndarray | None:
+    """The flat operand indices a scatter map writes (-1: dropped), where each is written at
+    most once; None where some element is written twice."""
+    t = target[target >= 0]
+    return t if np.unique(t).size == t.size else None
+
+
 def overwrites_all(u: Update) -> bool:
     """Whether `u` writes every operand element exactly once (its result is the moved updates,
     combined with the operand where it combines)."""
-    t = u.target.reshape(-1)
-    t = t[t >= 0]
-    n_x = int(np.prod(C.aval_of(u.x).shape[u.lead:], dtype=np.int64))
-    return t.size == n_x and np.unique(t).size == n_x
+    t = written_once(u.target)
+    return t is not None and t.size == int(np.prod(C.aval_of(u.x).shape[u.lead:],
+                                                   dtype=np.int64))
 
 
 def layers(u: Update) -> list:

@@ -541,8 +541,7 @@ def _one_write_each(eqn, idx) -> bool:
                   else IM.scatter_map(xa.shape, ua.shape, idx, dn, mode))
     except Decline:
         return False
-    t = target[target >= 0]
-    return np.unique(t).size == t.size
+    return U.written_once(target) is not None
 
 
 def _unfolded_index(eqn, ctx, statics):

@@ -1007,9 +1007,9 @@ def expand_updates(jaxpr, ctx, only=None):
     """The level with its static updates in their select form (`passes/_updates.py`) and, for
     each, its position in `jaxpr` and the axes a split must cut for its select to be renaming
     ({result var: (position, axes)}); None where it has none worth it. `only`: the positions
-    of the equations to expand (None: all). On
-    targets that keep updates in place (the CPU), the select is taken only here: split along the
-    updated axis it is renaming; where the level is not split, the update stays as it was.
+    of the equations to expand (None: all). On targets that keep updates in place (the CPU),
+    the select is taken only here: split along the updated axis it is renaming; where the level
+    is not split, the update stays as it was.
 
         before:  k:u32[N,8] = scatter[...] b 7 i            (b: a register shifted by a roll)
         after:   k = select_n(broadcast(hit), b, broadcast(i))   → pieces: k_7 = i, k_j = b_j
