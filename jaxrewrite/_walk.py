@@ -41,15 +41,17 @@ def like(orig, new: C.ClosedJaxpr):
     return new.jaxpr
 
 
-def map_jaxprs(cj: C.ClosedJaxpr, fn: Callable[[C.ClosedJaxpr], C.ClosedJaxpr],
-               memo: dict | None = None, *, nested_only: bool = False) -> C.ClosedJaxpr:
+def map_jaxprs(cj: C.ClosedJaxpr, fn: Callable[..., C.ClosedJaxpr],
+               memo: dict | None = None, *, nested_only: bool = False,
+               owner: bool = False) -> C.ClosedJaxpr:
     """Apply `fn` bottom-up to `cj` and every jaxpr nested in it; shared objects stay shared.
 
     With `nested_only`, `cj` itself (rebuilt around its rewritten nested jaxprs) is not passed
-    to `fn`.
+    to `fn`. With `owner`, `fn(cj, name)` also gets the name of the primitive whose params hold
+    that jaxpr (`"scan"` for a scan's body; None for `cj` itself).
     """
     memo = {} if memo is None else memo
-    return _map(cj, fn, memo, not nested_only)
+    return _map(cj, fn, memo, not nested_only, (None,) if owner else ())
 
 
 def map_levels(cj: C.ClosedJaxpr, fn: Callable[[C.Jaxpr], tuple[C.Jaxpr, int]]
@@ -70,8 +72,9 @@ def map_levels(cj: C.ClosedJaxpr, fn: Callable[[C.Jaxpr], tuple[C.Jaxpr, int]]
     return map_jaxprs(cj, level), total[0]
 
 
-def _map(j, fn, memo, apply=True):
-    key = id(j)
+def _map(j, fn, memo, apply=True, owner=()):
+    # `owner`: () where `fn` takes the jaxpr alone, else (name of the primitive holding it,)
+    key = (id(j), *owner)
     hit = memo.get(key)
     if hit is not None and hit[0] is j and apply:
         return hit[1]
@@ -82,7 +85,9 @@ def _map(j, fn, memo, apply=True):
         # JAX cuts tracebacks at jit boundaries: equations inside a library's jit (`jnp.take`'s
         # `_take`) have no user frame, so the report falls back to the call site's line.
         with call_site(eqn):
-            new_eqn = map_eqn_subjaxprs(eqn, lambda sub: _map(sub, fn, memo), subs)
+            new_eqn = map_eqn_subjaxprs(
+                eqn, lambda sub: _map(sub, fn, memo, True, owner and (eqn.primitive.name,)),
+                subs)
         if new_eqn is not eqn:
             if eqns is None:
                 eqns = list(cj.jaxpr.eqns)
@@ -91,7 +96,7 @@ def _map(j, fn, memo, apply=True):
         cj = C.closed(C.replace_jaxpr(cj.jaxpr, eqns=eqns), cj.consts)
     if not apply:
         return like(j, cj)
-    out = like(j, fn(cj))
+    out = like(j, fn(cj, *owner))
     memo[key] = (j, out)  # keep `j` alive so its id is not reused during the walk
     return out
 

@@ -197,3 +197,19 @@ def test_cpu_splits_25_lanes():
     assert adds and all(v.aval.shape == (4096,) for v in adds)       # one array per lane
     assert counts["stack"] == 1 and counts["add"] % 25 == 0
     assert_equivalent(r.fn, *r.args, grad=False, target="cpu", strict=True)
+
+
+def test_slice_of_a_constant_table_is_cut_into_constant_pieces():
+    """BLAKE2s (bench/limit.py), its 10 rounds unrolled for the GPU, reads its message schedule
+    as slices of a constant table that fold made a literal. Splitting asked the literal for its
+    split axes and raised (a `Literal` is unhashable): the pass failed and the whole program fell
+    back to the original, with a warning. The literal is cut along its result's axes instead."""
+    import limit as L
+    from jax.extend.core import jaxpr_as_fun
+    m = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (1024, 16), dtype=np.uint32))
+    cj = jax.make_jaxpr(jax.vmap(L.blake2s_block))(m)
+    res = jaxrewrite.rewrite_jaxpr_with_report(cj, target="gpu", strict=True)
+    assert any(e.pass_name == "scalarize" for e in res.report.rewrites)
+    with jax.disable_jit():   # (eagerly: XLA:CPU compiles the GPU's unrolled form slowly)
+        got = jaxpr_as_fun(res.jaxpr)(m)[0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(jax.vmap(L.blake2s_block))(m)))

@@ -478,15 +478,36 @@ class LoopCosts:
     # of a loop-invariant message does not count: 4x4 state, one permutation and a message
     # gather per trip ran 1.2-1.75x split.
     min_body_permutations: int = 0
-    # Fewest trips for a carry to be split in the rolled loop. The split body's compile time is
-    # paid once, whatever the trip count, and only trips pay it back; a shorter loop is unrolled
-    # where scalarize's model of the whole level splits it (its fused-code and re-join costs),
-    # else kept as jax.jit's. Measured (CPU, paired, 25-lane ARX state with a message, 4,097
-    # blocks, carry split: compile / run vs jax.jit): 1 trip 3.9-4.7x / 0.74-0.94x (CI's long
-    # never-worse run: compile over 3x for no 1.5x run gain), 2 trips 4.5x / 0.41-0.76x,
-    # 3 trips 4.4-4.6x / 0.39-0.62x; another draw (uint32, 4 trips, 4,096 blocks): 4.5-5.1x /
-    # 0.40-0.52x.
+    # Fewest trips for a carry to be split (CPU). The split body's compile time is paid once,
+    # whatever the trip count, and only trips pay it back; a shorter loop stays as it was: an
+    # unrolled split costs the same compile time for the same few trips. Measured (CPU, paired,
+    # compile / run vs jax.jit): 4x4 state, quarter rounds with a message, 95 equations a trip,
+    # 65,536 blocks: 2 trips unrolled and split 6.3-7.5x / 0.93-1.01x, 3 trips rolled and split
+    # 3.1x / 0.61x; 25-lane state with a message, 16 equations a trip, 4,097 blocks, 2 trips
+    # unrolled and split 3.7x / 0.74x (the promise: over 3x compile only for a 1.5x run).
     min_split_trips: int = 1
+    # Equations a trip times trips per carried piece that a split must exceed (`split_pays`). What
+    # a split costs grows with the pieces (XLA:CPU compiles a loop fusion and a copy per carried
+    # piece each trip: 56 fusions for 25 pieces, against jax.jit's 3), what it saves with the work
+    # the loop does. Measured (CPU, paired medians of 15, compile / run vs jax.jit; equations x
+    # trips / pieces): 25 lanes, a permutation and its inverse, 14 equations a trip, 4,096 and
+    # 65,536 blocks: 3 trips (1.7) 3.7-6.1x / 0.74-1.11x, 4 trips (2.2) 3.8-5.1x / 0.67-0.81x, 6
+    # trips (3.4) 3.8-4.9x / 0.58x, 8 trips (4.5) 4.0-4.7x / 0.41-0.50x; the same with quarter
+    # rounds and a message, 16 equations: 4 trips (2.6) 4.7x / 0.68x, 6 trips (3.8) 4.6x / 0.66x;
+    # 4x4 u64, 16 equations, 4 trips (4.0) 3.8-4.8x / 0.70-0.72x; 25 u32 words, 12 equations, 10
+    # trips (4.8) 4.3-5.2x / 0.42-0.44x; 4x4 quarter rounds, 95 equations, 3-4 trips (18-24):
+    # 2.8-4.4x / 0.50-0.63x.
+    min_split_work: float = 0.0
+    # Fewest permutations of carried data per trip for a carry to be split where the split
+    # loop's state stays out of the cache: larger than the cores' caches, and not tiled
+    # (`TargetCosts.tile_max_element_bytes`, or `tile=False`). Each trip then goes to memory,
+    # as jax.jit's loop does, and only the passes over the state that the permutations cost
+    # jax.jit are saved. Measured (CPU, paired medians of 9, run vs jax.jit; 16,384-65,536
+    # blocks): 25 u64 lanes (200 B a block, not tiled), 2 permutations a trip, 4-15 trips:
+    # 0.70-1.10x for 3.9-5.1x the compile time; the same at 4,096 blocks (800 KB, in cache)
+    # 0.55x; 25 u32 words, 3-4 trips at 65,536, `tile=False`: 0.79-1.03x (tiled 0.58-0.77x);
+    # Keccak-f[1600] (5 a trip, bench/permutations.py --keccak) wins untiled.
+    min_memory_permutations: int = 0
     # A split carry kept as one array (passes/loop_carry.py): the body cuts it into its pieces at
     # entry and stacks them at exit, once a trip, instead of carrying each piece. XLA:CPU copies
     # carried pieces every trip (Keccak-f[1600]'s 25 lanes: 27 copies and 52 fusions a trip),
@@ -509,7 +530,9 @@ LOOP_COSTS: dict[str, LoopCosts] = {
     # ran 1.00x the hand-written 16-word form (rolled, as jax.jit: 1.68x); a rolled loop costs
     # no launches there, so only a split pays for the compile time unrolling adds.
     "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True,
-                     min_body_permutations=2, min_split_trips=3, whole_carry_depth=16),
+                     min_body_permutations=2, min_split_trips=3, min_split_work=4.0,
+                     min_memory_permutations=4,
+                     whole_carry_depth=16),
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.
@@ -699,6 +722,30 @@ def reroll_measured(compile_ratio: float, run_ratio: float | None, target: str |
     if run_ratio is not None and run_ratio > most_run:
         return False, f"{measured}; rolling may run at most {most_run:g}x"
     return True, measured
+
+
+def split_pays(trips: int, body_eqns: int, pieces: int, permutations: int, state_bytes: int,
+               element_bytes: int, tiles: bool, target: str | None) -> str | None:
+    """None where a loop's split carry is expected to pay for its compile time, else why not:
+    enough work per piece (`LoopCosts.min_split_work`), and a state in cache, tiled, or moved
+    often enough that the saved passes over it count (`LoopCosts.min_memory_permutations`).
+    `element_bytes`: the carry's bytes per batch element; `tiles`: the tile pass may run."""
+    lc = loop_costs(target)
+    work = trips * body_eqns / max(pieces, 1)
+    if work <= lc.min_split_work:
+        return (f"{trips} trip(s) x {body_eqns} equations over {pieces} pieces is {work:.1f} a "
+                f"piece (more than {lc.min_split_work:g} needed): too little work to pay for "
+                f"compiling a loop fusion and a copy per piece (compile time)")
+    c = costs(target)
+    cache = c.tile_cache_bytes * cpu_cores(c)
+    tiled = tiles and element_bytes <= c.tile_max_element_bytes
+    if cache and 2 * state_bytes >= cache and not tiled \
+            and permutations < lc.min_memory_permutations:
+        return (f"a state of {state_bytes} B, out of the cores' {cache} B of cache and not "
+                f"tiled ({element_bytes} B a batch element{'' if tiles else ', tile=False'}): "
+                f"each trip goes to memory as jax.jit's does, and {permutations} permutation(s) "
+                f"a trip (minimum {lc.min_memory_permutations}) save too few passes over it")
+    return None
 
 
 def whole_carry(depth: int, state_bytes: int, target: str | None) -> str | None:

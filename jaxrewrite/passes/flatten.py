@@ -38,9 +38,11 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    launches there, and unrolling multiplies what XLA compiles by the trip count, so the loop
    stays rolled and its carry is carried as pieces (`loop_carry.py`), where each trip permutes
    carried data at least twice (`min_body_permutations`) and scalarize would split the new body
-   with no re-join of the carry (asked first, with a scratch report). Otherwise it stays as it
-   was, with the reason. A loop of fewer than `min_split_trips` trips is decided as in 2
-   instead: the split body's compile time is paid once, and too few trips do not pay it back.
+   with no re-join of the carry (asked first, with a scratch report), and the loop does enough
+   work to pay for compiling its pieces: at least `min_split_trips` trips, `min_split_work`
+   equations x trips per piece, and a state in cache or tiled unless the body moves it often
+   (`backend.cost.split_pays`). Otherwise it stays as it was, with the reason: unrolled and
+   split, a short loop costs the same compile time for the same trips.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
@@ -313,13 +315,16 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _walk.plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
-        if split_carry and trips >= lc.min_split_trips:
+        if split_carry:
             if not plan.moves or not plan.body_permutations:
                 # nothing to make renaming (a carry kept whole, its body split already)
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
             why = _inexact_body(body.jaxpr, integers_exact=True)
+            if why is None and trips < lc.min_split_trips:
+                why = (f"fewer than {lc.min_split_trips} trips do not pay for a split's compile "
+                       f"time, rolled or unrolled")
             if why is None and plan.body_permutations < lc.min_body_permutations:
                 why = (f"{plan.body_permutations} permutation(s) per trip (minimum "
                        f"{lc.min_body_permutations}): a lone permutation fuses into its "
@@ -330,7 +335,8 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
                        f"(minimum {min_piece})")
             if why is None:
                 rep, why = loop_carry.split_loop(eqn, loop, ctx, max_axis, max_pieces,
-                                                 _scalarize_split, scalarize.ELEMENTWISE)
+                                                 _scalarize_split, scalarize.ELEMENTWISE,
+                                                 plan.body_permutations)
                 if rep is not None:
                     ctx.report.applied(PASS, eqn, after=(f"rolled, carry split: {why}",))
                     ctx.report.count(f"{PASS}.carries_split")

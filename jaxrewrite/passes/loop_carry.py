@@ -187,8 +187,9 @@ def longest_chain(jaxpr, counted) -> int:
 
 
 def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_split,
-               counted=frozenset()):
-    """(Replacement, what was split) or (None, why not). `scalarize_split(ctx, jaxpr, consts)`:
+               counted=frozenset(), permutations: int = 0):
+    """(Replacement, what was split) or (None, why not); `permutations`: of carried data, per
+    trip (`backend.cost.split_pays`). `scalarize_split(ctx, jaxpr, consts)`:
     scalarize's split of one level, asked without recording it ((split level, None) or
     (None, its reason)). Where the cost model keeps the carry whole (`backend.cost.whole_carry`:
     the split body's longest chain of `counted` equations, the state's size), the body cuts the
@@ -214,9 +215,15 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
         return None, f"the split body would re-join carried pieces {rejoined} time(s) every trip"
     n = sum(1 for axes in layout if axes)
     total = sum(_n_pieces(s, axes) for s, axes in zip(shapes, layout) if axes)
-    depth = longest_chain(split_body, counted)
     state = sum(math.prod(s) * np.dtype(C.aval_of(v).dtype).itemsize
                 for v, s, axes in zip(loop.init, shapes, layout) if axes)
+    elements = max(math.prod(s) // _n_pieces(s, axes) for s, axes in zip(shapes, layout) if axes)
+    too_little = _cost.split_pays(loop.trips, len(loop.body.jaxpr.eqns), total, permutations,
+                                  state, state // max(elements, 1), bool(ctx.options.tile),
+                                  ctx.target)
+    if too_little is not None:
+        return None, too_little
+    depth = longest_chain(split_body, counted)
     not_whole = _cost.whole_carry(depth, state, ctx.target)
     if not_whole is None:
         w_eqns, w_outs, w_scan = emit(eqn, loop, layout, whole=True)

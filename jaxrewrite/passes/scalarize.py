@@ -226,7 +226,8 @@ def slice_links(eqn, node):
 def slice_emit(b: Builder, eqn, info):
     """slice[rows 1:3](x) with rows split → pieces x_1, x_2 (renaming); other dims per piece."""
     x, = eqn.invars
-    axes = b.chosen.get(x, ())
+    # a literal operand (a constant table: fold's) is cut along its result's axes, the same ones
+    axes = b.chosen.get(eqn.outvars[0] if C.is_literal(x) else x, ())
     shape = shape_of(x)
     start = eqn.params["start_indices"]
     limit = eqn.params["limit_indices"]
@@ -593,7 +594,7 @@ def reduce_emit(b: Builder, eqn, info):
     red = sorted(set(int(d) for d in eqn.params["axes"]))
     kept = [d for d in range(len(xs)) if d not in red]
     out_axes = b.chosen.get(out, ())
-    red_split = [d for d in b.chosen.get(x, ()) if d in red]
+    red_split = [] if C.is_literal(x) else [d for d in b.chosen.get(x, ()) if d in red]
     in_axes = tuple(sorted([kept[j] for j in out_axes] + red_split))
     P = b.get_parts(x, in_axes)
     pos = rest_positions(len(xs), in_axes)
@@ -1064,9 +1065,10 @@ def _unsplit_updates(an, needs: dict) -> set:
     return {i for v, (i, axes) in needs.items() if not axes <= set(an.chosen.get(v, ()))}
 
 
-def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
+def scalarize_jaxpr(jaxpr, ctx, mode, consts=(), loop_body: bool = False) -> tuple:
     """One level: (new jaxpr, changed); its static updates are taken in their select form where
-    that form is split into renaming (`expand_updates`), else kept.
+    that form is split into renaming (`expand_updates`), else kept. `loop_body`: the level is
+    a rolled loop's body (`_loop_body_joins`).
 
     An update whose select the split would leave a select along an uncut axis stays the update
     it is (on the CPU that select was 1.9-3.6x slower and compiled 20x slower: a vmapped cube
@@ -1084,7 +1086,7 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         an = analyse(level, costs, ctx.options.fold_limit, getattr(ctx, "cache", None))
         bad = _unsplit_updates(an, needs) if an.plan is not None else set()
         if not bad:
-            new, changed = _scalarize_level(level, ctx, mode, consts, an)
+            new, changed = _scalarize_level(level, ctx, mode, consts, an, loop_body)
             return (new, True) if changed else (jaxpr, False)
         ctx.report.declined(PASS, jaxpr.eqns[min(bad)], (
             f"{len(bad)} static update(s) kept in place: the split would cut "
@@ -1093,11 +1095,38 @@ def scalarize_jaxpr(jaxpr, ctx, mode, consts=()) -> tuple:
         only = {i for i, _ in needs.values()} - bad
         if not only:
             break
-    new, changed = _scalarize_level(jaxpr, ctx, mode, consts)
+    new, changed = _scalarize_level(jaxpr, ctx, mode, consts, None, loop_body)
     return (new, True) if changed else (jaxpr, False)
 
 
-def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None) -> tuple:
+def _loop_body_joins(jaxpr, an, target, mode) -> str | None:
+    """Why a rolled loop's body is not split where the split would add re-joins of its results
+    (None: it may be). Its results are the next trip's carry, so such a re-join runs every trip;
+    where the target splits carries instead (`backend.cost.LoopCosts.split_carry`, CPU), flatten
+    decides the loop, and a body split under a whole carry measured no faster, its compile time
+    paid (CPU, paired, 4x4 quarter rounds with a message, 65,536 blocks, compile / run vs
+    jax.jit: 2 trips 3.1-3.5x / 0.99-1.0x; with `flatten=False`, 4 trips 3.1x / 1.12x, 3 trips
+    at 4,096 blocks 2.9x / 0.94x). A result the body joins itself (a stack, through reshapes and
+    transposes: flatten's carry kept whole, `loop_carry.emit`) adds nothing."""
+    if mode != "auto" or not _cost.loop_costs(target).split_carry:
+        return None
+    made = {v: e for e in jaxpr.eqns for v in e.outvars}
+
+    def joined_already(v):
+        e = made.get(v)
+        while e is not None and e.primitive.name in ("reshape", "transpose"):
+            e = made.get(e.invars[0])
+        return e is not None and e.primitive.name in ("stack", "concatenate")
+
+    added = sum(1 for v in jaxpr.outvars
+                if not C.is_literal(v) and v in an.chosen and not joined_already(v))
+    if not added:
+        return None
+    return (f"a rolled loop's body: {added} of its results would be re-joined every trip "
+            f"(on {target} its carry is split by flatten, or not at all)")
+
+
+def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None, loop_body=False) -> tuple:
     """One level: (new jaxpr, changed). With `autotune`, the cost model's soft verdicts (piece
     size, re-joins vs permutations) are checked by compiling both forms (`backend.autotune.choose`);
     its hard limits (`backend.cost.scalarize_limit`) always stand. `an`: the level's analysis,
@@ -1116,6 +1145,9 @@ def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None) -> tuple:
         return jaxpr, False
     if (why := _exact.reason(ctx, an.chosen, "splitting")) is not None:
         ctx.report.declined(PASS, jaxpr.eqns[0], why)  # exact=True: float pieces fuse otherwise
+        return jaxpr, False
+    if loop_body and (why := _loop_body_joins(jaxpr, an, target, mode)) is not None:
+        ctx.report.declined(PASS, jaxpr.eqns[0], why)
         return jaxpr, False
     first = jaxpr.eqns[0] if jaxpr.eqns else None
     built: list = []                      # the split form, once made
@@ -1188,13 +1220,14 @@ def run(cj, ctx):
         j = inline_for_split(c.jaxpr, small)
         return c if j is c.jaxpr else C.closed(j, c.consts)
 
-    def level(c):
+    def level(c, owner):
         nonlocal changed
-        j, ch = scalarize_jaxpr(c.jaxpr, ctx, mode, c.consts)
+        j, ch = scalarize_jaxpr(c.jaxpr, ctx, mode, c.consts,
+                                loop_body=owner in ("scan", "while"))
         if not ch:
             return c
         changed = True
         return C.closed(j, c.consts)
 
-    out = _walk.map_jaxprs(_walk.map_jaxprs(cj, inline), level)
+    out = _walk.map_jaxprs(_walk.map_jaxprs(cj, inline), level, owner=True)
     return (out, True) if changed else (cj, False)
