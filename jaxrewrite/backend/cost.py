@@ -739,7 +739,7 @@ def split_pays(trips: int, body_eqns: int, pieces: int, permutations: int, state
                 f"piece (more than {lc.min_split_work:g} needed): too little work to pay for "
                 f"compiling a loop fusion and a copy per piece (compile time)")
     c = costs(target)
-    cache = c.tile_cache_bytes * cpu_cores(c)
+    cache = cores_cache(c)
     tiled = tiles and element_bytes <= c.tile_max_element_bytes
     if cache and 2 * state_bytes >= cache and not tiled \
             and permutations < lc.min_memory_permutations:
@@ -757,10 +757,15 @@ def whole_carry(depth: int, state_bytes: int, target: str | None) -> str | None:
     if depth > most:
         return f"a chain of {depth} equations (whole only up to {most})"
     c = costs(target)
-    cache = c.tile_cache_bytes * cpu_cores(c)
+    cache = cores_cache(c)
     if state_bytes > cache:
         return f"a state of {state_bytes} B (whole only within the cores' {cache} B of cache)"
     return None
+
+
+def cores_cache(costs: TargetCosts) -> int:
+    """Bytes of cache the cores a tile is split over hold together (0: not modelled)."""
+    return costs.tile_cache_bytes * cpu_cores(costs)
 
 
 def cpu_cores(costs: TargetCosts) -> int:

@@ -197,22 +197,8 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
     layout = [carry_axes(v, max_axis, max_pieces) for v in loop.init]
     if not any(layout):
         return None, "no small axis in the carry"
-    eqns, outs, scan = emit(eqn, loop, layout)
-    body = scan.params["jaxpr"]
-    split_body, why = scalarize_split(ctx, body.jaxpr, body.consts)
-    if split_body is None:
-        return None, f"scalarize would not split the body ({why})"
-    # the carried pieces, as the new body receives them: a stack of them left in the split
-    # body is a re-join every trip
-    first = scan.params["num_consts"]
+    # the cost first: it needs only the layout, not the split body (traced and analysed below)
     shapes = [tuple(C.aval_of(v).shape) for v in loop.init]
-    flags = [bool(axes) for shape, axes in zip(shapes, layout)
-             for _ in range(_n_pieces(shape, axes))]
-    pieces = {v for v, f in zip(body.jaxpr.invars[first:first + len(flags)], flags) if f}
-    rejoined = sum(1 for e in split_body.eqns if e.primitive.name == "stack"
-                   and any(not C.is_literal(a) and a in pieces for a in e.invars))
-    if rejoined:
-        return None, f"the split body would re-join carried pieces {rejoined} time(s) every trip"
     n = sum(1 for axes in layout if axes)
     total = sum(_n_pieces(s, axes) for s, axes in zip(shapes, layout) if axes)
     state = sum(math.prod(s) * np.dtype(C.aval_of(v).dtype).itemsize
@@ -223,6 +209,21 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
                                   ctx.target)
     if too_little is not None:
         return None, too_little
+    eqns, outs, scan = emit(eqn, loop, layout)
+    body = scan.params["jaxpr"]
+    split_body, why = scalarize_split(ctx, body.jaxpr, body.consts)
+    if split_body is None:
+        return None, f"scalarize would not split the body ({why})"
+    # the carried pieces, as the new body receives them: a stack of them left in the split
+    # body is a re-join every trip
+    first = scan.params["num_consts"]
+    flags = [bool(axes) for shape, axes in zip(shapes, layout)
+             for _ in range(_n_pieces(shape, axes))]
+    pieces = {v for v, f in zip(body.jaxpr.invars[first:first + len(flags)], flags) if f}
+    rejoined = sum(1 for e in split_body.eqns if e.primitive.name == "stack"
+                   and any(not C.is_literal(a) and a in pieces for a in e.invars))
+    if rejoined:
+        return None, f"the split body would re-join carried pieces {rejoined} time(s) every trip"
     depth = longest_chain(split_body, counted)
     not_whole = _cost.whole_carry(depth, state, ctx.target)
     if not_whole is None:
