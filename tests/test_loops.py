@@ -243,6 +243,32 @@ def test_cpu_split_carry_cuts_a_batched_loop_constant():
     assert_equivalent(r.fn, *r.args, vmap=False)
 
 
+def test_cpu_split_carry_keeps_a_constant_whole_where_the_body_needs_it():
+    """A batched loop constant that the body uses whole (here sorted along its words, which
+    scalarize does not split) would be re-joined every trip if cut: the loop is split as before
+    and the constant passed whole."""
+    p1 = np.random.default_rng(1).permutation(16)
+    p2 = np.random.default_rng(2).permutation(16)
+
+    def block(s, m):
+        def body(i, s):
+            a = s.ravel()[p1].reshape(4, 4)
+            b = a + jnp.sort(m).reshape(4, 4)
+            return (((b << 7) | (b >> 25)) ^ b.ravel()[p2].reshape(4, 4)) + a
+        return lax.fori_loop(0, 8, body, s)
+
+    rng = np.random.default_rng(0)
+    s = jnp.asarray(rng.integers(0, 2 ** 32, (4096, 4, 4), dtype=np.uint32))
+    m = jnp.asarray(rng.integers(0, 2 ** 32, (4096, 16), dtype=np.uint32))
+    f = jax.vmap(block)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(f)(s, m), target="cpu")
+    (scan,) = _scans(res.jaxpr)
+    assert _carried_pieces(scan, (4096,)) == 16
+    consts = [tuple(v.aval.shape) for v in scan.invars[:scan.params["num_consts"]]]
+    assert (4096, 16) in consts and (4096,) not in consts
+    assert_equivalent(f, s, m, vmap=False)
+
+
 def test_cpu_split_carry_out_of_cache_needs_permutations(monkeypatch):
     """A split loop whose state stays out of the cache (larger than the cores' caches, and not
     tiled) goes to memory every trip as jax.jit's does: 25 u64 lanes (200 B a block, wider
