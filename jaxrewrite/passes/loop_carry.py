@@ -239,6 +239,8 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
                                   ctx.target)
     if too_little is not None:
         return None, too_little
+    flags = [bool(axes) for shape, axes in zip(shapes, layout)
+             for _ in range(_n_pieces(shape, axes))]
     cut = const_axes(loop, elements, max_axis, max_pieces)
     for const_layout in ([cut, None] if any(cut) else [None]):
         eqns, outs, scan = emit(eqn, loop, layout, const_layout=const_layout)
@@ -250,18 +252,15 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
         # the carried pieces, as the new body receives them: a stack of them left in the split
         # body is a re-join every trip (of cut constants too: then they stay whole)
         first = scan.params["num_consts"]
-        flags = [bool(axes) for shape, axes in zip(shapes, layout)
-                 for _ in range(_n_pieces(shape, axes))]
         pieces = {v for v, f in zip(body.jaxpr.invars[first:first + len(flags)], flags) if f}
         if const_layout:
             pieces |= set(body.jaxpr.invars[:first])
         rejoined = sum(1 for e in split_body.eqns if e.primitive.name == "stack"
                        and any(not C.is_literal(a) and a in pieces for a in e.invars))
-        why = None if not rejoined else \
-            f"the split body would re-join carried pieces {rejoined} time(s) every trip"
-        if why is None:
+        if not rejoined:
             break
-    if why is not None:
+        why = f"the split body would re-join carried pieces {rejoined} time(s) every trip"
+    else:
         return None, why
     depth = longest_chain(split_body, counted)
     not_whole = _cost.whole_carry(depth, state, ctx.target)
