@@ -11,6 +11,9 @@ in `lax.fori_loop`), vmapped over 1,024 / 16,384 / 65,536 blocks (and 1,048,576 
 - `optimize tile=False`: `jaxrewrite.optimize` without tiling (the form before issue 26);
 - `optimize`:       `jaxrewrite.optimize` (tiles the batch where the loop state exceeds the
                     cache: `T` is the tile, "-" where it declined);
+- `optimize, XLA's copies`: the same, compiled without the option the rewrite asks for
+                    (`backend/compile_options.py`): XLA's default copy of each carried piece
+                    every trip, the form before it;
 - `openssl`:        `openssl speed -evp chacha20` on one core for the same bytes (64 per block),
                     its own rate measured in the same run (skipped, with the reason, where no
                     `openssl` is found).
@@ -44,6 +47,7 @@ COLUMNS = ("program", "blocks", "form", "T", "run_ms", "run_ratio_jit", "run_rat
            "run_ratio_openssl", "compile_s", "compile_ratio_jit", "compile_ratio_untiled",
            "exact")
 BYTES_PER_BLOCK = 64
+KEEP_COPIES = {"xla_cpu_copy_insertion_use_region_analysis": False}  # XLA:CPU's default
 
 
 def openssl_seconds(nbytes: int, cipher: str = "chacha20",
@@ -86,11 +90,17 @@ def chacha(n: int, quick: bool) -> list[dict]:
         "optimize tile=False": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori")),
                                                            tile=False),
         "optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori"))),
+        "optimize, XLA's copies": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori")),
+                                                              compiler_options=KEEP_COPIES),
     }
     rows = _table("chacha20 (author's fori form)", n, x, variants, quick, "chacha20")
     first = np.asarray(jax.jit(jax.vmap(chacha_loop("fori")))(x[:1]))[0]
     assert np.array_equal(first, RFC_OUT), "the author's form does not match RFC 8439 2.3.2"
     return rows
+
+
+def _tiled(form: str) -> bool:
+    return form.startswith("optimize") and form != "optimize tile=False"
 
 
 def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) -> list[dict]:
@@ -103,7 +113,7 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
             s, c, tile = _compile(make, x)
             walls[name].append(s)
             compiled.setdefault(name, c)
-            if name == "optimize":
+            if _tiled(name):
                 tiles[name] = tile
     ref = np.asarray(compiled["jit"](x))
     calls = {k: (lambda c=c: c(x)) for k, c in compiled.items()}
@@ -117,7 +127,7 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
         tile = tiles.get(name)
         rows.append(dict(
             program=program if name != "hand" else program.split(" ")[0] + " (hand form)",
-            blocks=n, form=name, T=(tile["T"] if tile else "-") if name == "optimize" else "",
+            blocks=n, form=name, T=(tile["T"] if tile else "-") if _tiled(name) else "",
             run_ms=med[name] * 1e3, run_ratio_jit=med[name] / med["jit"],
             run_ratio_hand=med[name] / hand if hand else "",
             run_ratio_openssl=(med[name] / ossl) if ossl else f"skipped: {why}",
@@ -200,6 +210,8 @@ def blake2s(n: int, quick: bool) -> list[dict]:
         "jit (A/A)": lambda: jax.jit(lambda s: author(s)),
         "optimize tile=False": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block), tile=False),
         "optimize": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block)),
+        "optimize, XLA's copies": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block),
+                                                              compiler_options=KEEP_COPIES),
     }
     rows = _table("blake2s (author's fori form)", n, m, variants, quick, "blake2s256")
     got = np.asarray(jax.jit(author)(m[:1]))[0].astype("<u4").tobytes()

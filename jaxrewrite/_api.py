@@ -124,6 +124,7 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
     `opted_out()` (the switch's) says, after `fun` is traced, to leave the program as traced."""
     # Shardings jax.jit is given: whether the program is partitioned over several devices.
     shardings = tuple((jit_kw or {}).get(k) for k in ("in_shardings", "out_shardings"))
+    C.install_jit_trace()  # where the rewrite's compile options reach the jit (once)
 
     @functools.wraps(fun, updated=())  # not fun.__dict__: it holds optimize's wrapper store
     def wrapped(*args, **kwargs):
@@ -154,6 +155,8 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
         _log.rewritten(fun, dyn_vals, result.report)  # JAXREWRITE_LOG=1: one line per function
         _LAST.report = result.report
         logger.debug("optimize(%s): %s", getattr(fun, "__name__", fun), dict(result.report.counts))
+        if result.compile_options:  # applied where this jit is called outermost: see _compat
+            C.request_compile_options(wrapped, result.compile_options)
         outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)
         return jax.tree_util.tree_unflatten(out_tree[-1], outs)
 

@@ -10,6 +10,8 @@ Supported: JAX >= 0.7.0 (the declared floor, smoke-tested in `.ci/run`).
 from __future__ import annotations
 
 import os
+import threading as _threading
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -641,25 +643,131 @@ def has_jit_trace_hook() -> bool:
     return callable(getattr(_pjit, "_trace_for_jit", None))
 
 
+_JIT_HOOK: list = [None]  # the switch's hook, once installed
+
+
 def hook_jit_trace(hook: Callable) -> bool:
     """Route every `jax.jit` trace through `hook(trace, fun, jit_info)`, where `trace(g)` traces
     `g` in `fun`'s place, exactly as JAX would have traced `fun`. Installed once; False if this
     JAX has no `_trace_for_jit` to hook."""
-    from jax._src import pjit as _pjit
-    original = getattr(_pjit, "_trace_for_jit", None)
-    if original is None:  # pragma: no cover - another JAX: the switch is not available
+    if not install_jit_trace():
         return False
-    if getattr(original, "__jaxrewrite_hook__", None) is hook:
-        return True
-    original = getattr(original, "__wrapped__", original)
-
-    def _trace_for_jit(fun, jit_info, *rest, **kw):
-        return hook(lambda g: original(g, jit_info, *rest, **kw), fun, jit_info)
-
-    _trace_for_jit.__wrapped__ = original
-    _trace_for_jit.__jaxrewrite_hook__ = hook
-    _pjit._trace_for_jit = _trace_for_jit
+    _JIT_HOOK[0] = hook
     return True
+
+
+# --- compile options a rewrite asks for --------------------------------------------------------
+#
+# Some forms the passes make compile better under a non-default XLA option (`backend/
+# compile_options.py`). `jax.jit` fixes its `compiler_options` when it is made, before the rewrite
+# has seen the program; what the jit lowers and compiles with is the trace's params
+# (`PjitParams.params["compiler_options_kvs"]`), which `pjit._infer_params` returns (and caches).
+# So: the wrapper of `_trace_for_jit` keeps, per thread, the functions being traced (a nested
+# jit's inside its caller's); the rewrite of a jit's own function asks for options on that
+# jit's trace (not on a caller's: whether a nested trace runs or comes from JAX's cache must not
+# change the caller's options); they are kept against the traced jaxpr; the wrapper of
+# `_infer_params` adds them to a copy of the params where the jit is called outermost (JAX
+# rejects options on a nested jit, and the cached params serve both uses). An option the jit was
+# given is left as it is.
+
+_TRACING = _threading.local()  # .frames: [function traced, options asked for], outermost first
+_WANTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # traced jaxpr -> options
+_INSTALL = _threading.Lock()
+
+
+def install_jit_trace() -> bool:
+    """Put jaxrewrite's wrappers around `pjit._trace_for_jit` and `pjit._infer_params` (once).
+    False if this JAX has no `_trace_for_jit`."""
+    from jax._src import pjit as _pjit
+    with _INSTALL:
+        current = getattr(_pjit, "_trace_for_jit", None)
+        infer = getattr(_pjit, "_infer_params", None)
+        if current is None or infer is None:  # pragma: no cover - JAX < 0.9
+            return False
+        if getattr(current, "__jaxrewrite_hook__", False):
+            return True
+
+        def _trace_for_jit(fun, jit_info, *rest, **kw):
+            def trace(g):
+                frames = _frames()
+                frame = [g, None]
+                frames.append(frame)
+                try:
+                    params = current(g, jit_info, *rest, **kw)
+                finally:
+                    frames.pop()
+                jaxpr = getattr(params, "params", {}).get("jaxpr")
+                if frame[1] and jaxpr is not None:
+                    _WANTED[jaxpr] = frame[1]
+                return params
+
+            hook = _JIT_HOOK[0]
+            return hook(trace, fun, jit_info) if hook is not None else trace(fun)
+
+        def _infer_params(fun, jit_info, *rest, **kw):
+            result = infer(fun, jit_info, *rest, **kw)
+            if not _WANTED or not is_outermost_trace():
+                return result
+            params, args = result  # (PjitParams, flat args), as JAX 0.9-0.10 return them
+            wanted = _WANTED.get(params.params.get("jaxpr"))
+            return (_with_compile_options(params, wanted), args) if wanted else result
+
+        _trace_for_jit.__wrapped__ = current
+        _trace_for_jit.__jaxrewrite_hook__ = True
+        _infer_params.__wrapped__ = infer
+        _pjit._trace_for_jit = _trace_for_jit
+        _pjit._infer_params = _infer_params
+        return True
+
+
+def _frames() -> list:
+    frames = getattr(_TRACING, "frames", None)
+    if frames is None:
+        frames = _TRACING.frames = []
+    return frames
+
+
+def request_compile_options(fun, options: dict) -> bool:
+    """Ask that the jit tracing `fun` be compiled with `options` (XLA debug options) wherever
+    it is called outermost. True if `fun` is what the innermost jit trace in this thread traces."""
+    frames = _frames()
+    if not frames or frames[-1][0] is not fun:
+        return False
+    frames[-1][1] = dict(options)
+    return True
+
+
+def _with_compile_options(params, wanted: dict):
+    kvs = params.params.get("compiler_options_kvs")
+    if not isinstance(kvs, tuple):  # pragma: no cover - another JAX's params
+        return params
+    given = {k for k, _ in kvs}
+    extra = tuple((k, v) for k, v in wanted.items()
+                  if k not in given and compile_option_supported(k, v))
+    if not extra:
+        return params
+    return params._replace(params={**params.params, "compiler_options_kvs": kvs + extra})
+
+
+_SUPPORTED: dict = {}
+
+
+def compile_option_supported(name: str, value) -> bool:
+    """Whether this jaxlib's XLA accepts the debug option `name` (compiles a one-op program once
+    per option and process; an XLA without it rejects the name)."""
+    if name not in _SUPPORTED:
+        try:
+            jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
+                np.float32(0)).compile()
+        except Exception as e:  # noqa: BLE001 - an older XLA: the option is not asked for
+            _SUPPORTED[name] = False
+            import warnings
+            warnings.warn(f"jaxrewrite: this XLA does not accept the compile option {name} "
+                          f"({type(e).__name__}: {e}); programs that ask for it are compiled "
+                          f"without it", RuntimeWarning, stacklevel=2)
+        else:
+            _SUPPORTED[name] = True
+    return _SUPPORTED[name]
 
 
 def is_outermost_trace() -> bool:

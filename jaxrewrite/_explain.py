@@ -27,6 +27,7 @@ from . import _pipeline
 from . import _switch
 from . import _walk
 from ._options import DEFAULTS
+from .backend import compile_options as _compile_options
 from .report.records import Event, Report
 
 
@@ -147,6 +148,8 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
                        _gpu_kernels(base, args, call_kwargs, target, notes) if baseline else None)
         if report.errors:
             notes.append("a pass failed; the original program was used (see errors)")
+        notes.extend(f"compiled with {r}" for r in
+                     _compile_options.reasons(report.stats.get("compile_options", {})))
         return Explanation(
             name=_name(fun), shapes=_shapes(args, call_kwargs), backend=jax.default_backend(),
             options={k: v for k, v in dataclasses.asdict(options).items() if DEFAULTS[k] != v},

@@ -47,6 +47,7 @@ from typing import Callable
 from . import _compat as C
 from . import _walk
 from ._options import Options
+from .backend import compile_options as _compile_options
 from .report.records import Report, logger
 
 
@@ -137,6 +138,8 @@ class RewriteResult:
     report: Report
     changed: bool
     fell_back: bool = False
+    # XLA options the rewritten program asks to be compiled with (`backend/compile_options.py`)
+    compile_options: dict = dataclasses.field(default_factory=dict)
 
 
 class PassError(RuntimeError):
@@ -184,7 +187,10 @@ def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = (),
     report.time("rewrite", time.perf_counter() - t0)
     report.stats["eqns_before"] = _walk.count_eqns(cj)
     report.stats["eqns_after"] = _walk.count_eqns(out)
-    return RewriteResult(out, report, changed)
+    wanted = _compile_options.wanted(report.counts, ctx.target) if changed else {}
+    if wanted:
+        report.stats["compile_options"] = wanted
+    return RewriteResult(out, report, changed, compile_options=wanted)
 
 
 # Primitives whose params may name a mesh or a sharding (a program partitioned from inside).
