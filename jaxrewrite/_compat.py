@@ -643,16 +643,24 @@ def has_jit_trace_hook() -> bool:
     return callable(getattr(_pjit, "_trace_for_jit", None))
 
 
-_JIT_HOOK: list = [None]  # the switch's hook, once installed
-
-
 def hook_jit_trace(hook: Callable) -> bool:
     """Route every `jax.jit` trace through `hook(trace, fun, jit_info)`, where `trace(g)` traces
     `g` in `fun`'s place, exactly as JAX would have traced `fun`. Installed once; False if this
     JAX has no `_trace_for_jit` to hook."""
-    if not install_jit_trace():
+    from jax._src import pjit as _pjit
+    original = getattr(_pjit, "_trace_for_jit", None)
+    if original is None:  # pragma: no cover - another JAX: the switch is not available
         return False
-    _JIT_HOOK[0] = hook
+    if getattr(original, "__jaxrewrite_hook__", None) is hook:
+        return True
+    original = getattr(original, "__wrapped__", original)
+
+    def _trace_for_jit(fun, jit_info, *rest, **kw):
+        return hook(lambda g: original(g, jit_info, *rest, **kw), fun, jit_info)
+
+    _trace_for_jit.__wrapped__ = original
+    _trace_for_jit.__jaxrewrite_hook__ = hook
+    _pjit._trace_for_jit = _trace_for_jit
     return True
 
 
@@ -660,78 +668,70 @@ def hook_jit_trace(hook: Callable) -> bool:
 #
 # Some forms the passes make compile better under a non-default XLA option (`backend/
 # compile_options.py`). `jax.jit` fixes its `compiler_options` when it is made, before the rewrite
-# has seen the program; what the jit lowers and compiles with is the trace's params
-# (`PjitParams.params["compiler_options_kvs"]`), which `pjit._infer_params` returns (and caches).
-# So: the wrapper of `_trace_for_jit` keeps, per thread, the functions being traced (a nested
-# jit's inside its caller's); the rewrite of a jit's own function asks for options on that
-# jit's trace (not on a caller's: whether a nested trace runs or comes from JAX's cache must not
-# change the caller's options); they are kept against the traced jaxpr; the wrapper of
-# `_infer_params` adds them to a copy of the params where the jit is called outermost (JAX
-# rejects options on a nested jit, and the cached params serve both uses). An option the jit was
-# given is left as it is.
+# has seen the program; what the jit lowers and compiles with is the params that
+# `pjit._infer_params` returns (traced once, then cached: `PjitParams.params
+# ["compiler_options_kvs"]`). One wrapper of `_infer_params` does it all, and adds one Python
+# frame per nested jit (programs of 100 nested jits trace within Python's recursion limit):
+# - it keeps, per thread, the jits whose params are being inferred (a nested jit's above its
+#   caller's);
+# - the rewrite of a jit's own function asks for options on the innermost one (not on a
+#   caller's: whether a nested trace runs or comes from JAX's cache must not change the
+#   caller's options); they are kept against the traced jaxpr;
+# - where the jit is called outermost, they are added to a copy of its params (JAX rejects
+#   options on a nested jit, and the cached params serve both uses). An option the jit was given
+#   is left as it is.
 
-_TRACING = _threading.local()  # .frames: [function traced, options asked for], outermost first
+_TRACING = _threading.local()  # .frames: [jit's function, options asked for], outermost first
 _WANTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # traced jaxpr -> options
 _INSTALL = _threading.Lock()
 
 
 def install_jit_trace() -> bool:
-    """Put jaxrewrite's wrappers around `pjit._trace_for_jit` and `pjit._infer_params` (once).
-    False if this JAX has no `_trace_for_jit`."""
+    """Put jaxrewrite's wrapper around `pjit._infer_params` (once). False if this JAX has no
+    `_trace_for_jit` (JAX < 0.9, whose params we have not read)."""
     from jax._src import pjit as _pjit
     with _INSTALL:
-        current = getattr(_pjit, "_trace_for_jit", None)
         infer = getattr(_pjit, "_infer_params", None)
-        if current is None or infer is None:  # pragma: no cover - JAX < 0.9
+        if not has_jit_trace_hook() or infer is None:  # pragma: no cover - JAX < 0.9
             return False
-        if getattr(current, "__jaxrewrite_hook__", False):
+        if getattr(infer, "__jaxrewrite_hook__", False):
             return True
 
-        def _trace_for_jit(fun, jit_info, *rest, **kw):
-            def trace(g):
-                frames = _frames()
-                frame = [g, None]
-                frames.append(frame)
-                try:
-                    params = current(g, jit_info, *rest, **kw)
-                finally:
-                    frames.pop()
-                jaxpr = getattr(params, "params", {}).get("jaxpr")
-                if frame[1] and jaxpr is not None:
-                    _WANTED[jaxpr] = frame[1]
-                return params
-
-            hook = _JIT_HOOK[0]
-            return hook(trace, fun, jit_info) if hook is not None else trace(fun)
-
         def _infer_params(fun, jit_info, *rest, **kw):
-            result = infer(fun, jit_info, *rest, **kw)
-            if not _WANTED or not is_outermost_trace():
+            frames = getattr(_TRACING, "frames", None)
+            if frames is None:
+                frames = _TRACING.frames = []
+            frame = [fun, None]
+            frames.append(frame)
+            try:
+                result = infer(fun, jit_info, *rest, **kw)
+            finally:
+                frames.pop()
+            if frame[1] is None and not _WANTED:
                 return result
             params, args = result  # (PjitParams, flat args), as JAX 0.9-0.10 return them
-            wanted = _WANTED.get(params.params.get("jaxpr"))
-            return (_with_compile_options(params, wanted), args) if wanted else result
+            jaxpr = params.params.get("jaxpr")
+            if frame[1] is not None and jaxpr is not None:
+                _WANTED[jaxpr] = frame[1]
+            wanted = _WANTED.get(jaxpr) if jaxpr is not None else None
+            if wanted and is_outermost_trace():
+                return _with_compile_options(params, wanted), args
+            return result
 
-        _trace_for_jit.__wrapped__ = current
-        _trace_for_jit.__jaxrewrite_hook__ = True
         _infer_params.__wrapped__ = infer
-        _pjit._trace_for_jit = _trace_for_jit
+        _infer_params.__jaxrewrite_hook__ = True
         _pjit._infer_params = _infer_params
         return True
 
 
-def _frames() -> list:
-    frames = getattr(_TRACING, "frames", None)
-    if frames is None:
-        frames = _TRACING.frames = []
-    return frames
-
-
 def request_compile_options(fun, options: dict) -> bool:
     """Ask that the jit tracing `fun` be compiled with `options` (XLA debug options) wherever
-    it is called outermost. True if `fun` is what the innermost jit trace in this thread traces."""
-    frames = _frames()
-    if not frames or frames[-1][0] is not fun:
+    it is called outermost. True if the innermost jit being traced in this thread is `fun`'s:
+    it traces `fun` (`optimize`) or the function `fun` wraps (the switch traces `fun` in its
+    place)."""
+    frames = getattr(_TRACING, "frames", None)
+    if not frames or not (frames[-1][0] is fun or frames[-1][0] is getattr(fun, "__wrapped__",
+                                                                           None)):
         return False
     frames[-1][1] = dict(options)
     return True
