@@ -148,8 +148,12 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
                        _gpu_kernels(base, args, call_kwargs, target, notes) if baseline else None)
         if report.errors:
             notes.append("a pass failed; the original program was used (see errors)")
-        notes.extend(f"compiled with {r}" for r in
-                     _compile_options.reasons(report.stats.get("compile_options", {})))
+        asked = report.stats.get("compile_options", {})
+        given = jit_kw.get("compiler_options") or {}
+        notes.extend(f"compiled with {r}" for r in _compile_options.reasons(
+            {k: v for k, v in asked.items() if k not in given}))
+        notes.extend(f"the rewrite asked for {k}={asked[k]}; compiled with the jit's own "
+                     f"{k}={given[k]}" for k in asked if k in given)
         return Explanation(
             name=_name(fun), shapes=_shapes(args, call_kwargs), backend=jax.default_backend(),
             options={k: v for k, v in dataclasses.asdict(options).items() if DEFAULTS[k] != v},

@@ -44,6 +44,10 @@ def test_a_split_loop_is_compiled_without_a_copy_of_each_piece_per_trip():
     # the same rewrite with the option off, as the user may set it: XLA's default copies
     without = jaxrewrite.optimize(f, compiler_options={REGION: False}).lower(*a).compile()
     assert _copies(compiled) < _copies(without)
+    notes = jaxrewrite.explain(f, gpu_target=None, baseline=False,
+                               compiler_options={REGION: False})(*a).notes
+    assert any("jit's own" in n for n in notes)
+    assert not any(n.startswith("compiled with") for n in notes)
     ref = np.asarray(jax.jit(f)(*a))
     np.testing.assert_array_equal(np.asarray(compiled(*a)), ref)
     np.testing.assert_array_equal(np.asarray(opt(*a)), ref)
