@@ -105,3 +105,14 @@ def test_an_option_this_xla_does_not_know_is_not_asked_for():
     with pytest.warns(RuntimeWarning, match="xla_jaxrewrite_no_such_option"):
         assert not C.compile_option_supported("xla_jaxrewrite_no_such_option", True)
     assert not C.compile_option_supported("xla_jaxrewrite_no_such_option", True)  # asked once
+
+
+def test_a_rule_whose_option_this_xla_lacks_leaves_the_program_compiling(monkeypatch):
+    unknown = CO.Rule("xla_jaxrewrite_unknown_rule_option", True, "cpu", "flatten.carries_split",
+                      "a rule this XLA cannot follow")
+    monkeypatch.setattr(CO, "RULES", CO.RULES + (unknown,))
+    f, a = _program()
+    with pytest.warns(RuntimeWarning, match=unknown.option):
+        out = jaxrewrite.optimize(f)(*a)
+    assert jaxrewrite.last_report().stats["compile_options"] == {REGION: True, unknown.option: True}
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(f)(*a)))
