@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading as _threading
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -761,7 +762,6 @@ def compile_option_supported(name: str, value) -> bool:
                 np.float32(0)).compile()
         except Exception as e:  # noqa: BLE001 - an older XLA: the option is not asked for
             _SUPPORTED[name] = False
-            import warnings
             warnings.warn(f"jaxrewrite: this XLA does not accept the compile option {name} "
                           f"({type(e).__name__}: {e}); programs that ask for it are compiled "
                           f"without it", RuntimeWarning, stacklevel=2)
