@@ -6,6 +6,7 @@ ratio in one run means a lot.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import json
@@ -33,16 +34,56 @@ def block(x):
 
 def paired(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, float]:
     """Median seconds of each zero-argument callable, run interleaved (a, b, c, a, b, c, ...)."""
+    return paired_with_cores(fns, repeats, warmup)[0]
+
+
+def paired_with_cores(fns: dict[str, Callable[[], object]], repeats: int = 7,
+                      warmup: int = 1) -> tuple[dict[str, float], dict[str, float]]:
+    """`paired`'s medians, and for each callable the median CPU seconds per wall second of its
+    calls (the process's CPU time, every thread: about how many cores it kept busy)."""
     for f in fns.values():
         for _ in range(warmup):
             block(f())
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    cores: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             block(f())
-            samples[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in samples.items()}
+            wall = time.perf_counter() - t
+            samples[k].append(wall)
+            cores[k].append((time.process_time() - c) / max(wall, 1e-9))
+    return ({k: statistics.median(v) for k, v in samples.items()},
+            {k: statistics.median(v) for k, v in cores.items()})
+
+
+@contextlib.contextmanager
+def one_core():
+    """Every thread of this process, XLA's thread pools included, on one core for the block: runs
+    on one core in the same process and rounds as the others, to set beside one-core figures
+    (OpenSSL's). Yields the core, or None where threads cannot be pinned (not Linux); the threads'
+    own affinities come back after."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        before = {t: os.sched_getaffinity(t) for t in tids}
+    except (AttributeError, OSError):   # no per-thread affinity here
+        yield None
+        return
+    mask = os.sched_getaffinity(0)
+    core = min(mask)
+    for t in tids:
+        try:
+            os.sched_setaffinity(t, {core})
+        except OSError:                 # the thread ended meanwhile
+            pass
+    try:
+        yield core
+    finally:
+        for t in [int(t) for t in os.listdir("/proc/self/task")]:
+            try:
+                os.sched_setaffinity(t, before.get(t, mask))   # a thread born inside: the mask
+            except OSError:
+                pass
 
 
 def paired_calls(fns: dict[str, Callable[[], object]], repeats: int = 7, inner: int = 1000) -> dict[str, float]:

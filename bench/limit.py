@@ -19,7 +19,10 @@ in `lax.fori_loop`), vmapped over 1,024 / 16,384 / 65,536 blocks (and 1,048,576 
                     `openssl` is found).
 
 Columns: run time (paired rounds, medians, one process) and its ratio to `jit`, to `hand` and to
-`openssl`; compile seconds (trace + rewrite + lower + compile from fresh caches, paired rounds,
+`openssl`; `cores`: CPU seconds per wall second of a call (XLA:CPU splits a long enough fusion
+over the cores; a tile's fusions are too short to be split, docs/measurements.md);
+the same run with every thread of the process on one core (`jit`, `hand`, `optimize`: paired
+rounds of their own) and its ratio to `hand` and to `openssl`, which is one core; compile seconds (trace + rewrite + lower + compile from fresh caches, paired rounds,
 medians) and their ratio to `jit` and to `optimize tile=False`; whether the keystream is bit for
 bit `jax.jit`'s.
 """
@@ -44,8 +47,10 @@ from permutations import RFC_OUT, _blocks, chacha_loop, chacha_words  # noqa: E4
 
 NAME = "limit"
 COLUMNS = ("program", "blocks", "form", "T", "run_ms", "run_ratio_jit", "run_ratio_hand",
-           "run_ratio_openssl", "compile_s", "compile_ratio_jit", "compile_ratio_untiled",
+           "run_ratio_openssl", "cores", "run_ms_one_core", "run_ratio_hand_one_core",
+           "run_ratio_openssl_one_core", "compile_s", "compile_ratio_jit", "compile_ratio_untiled",
            "exact")
+ONE_CORE = ("jit", "hand", "optimize")   # the forms timed again with the process on one core
 BYTES_PER_BLOCK = 64
 KEEP_COPIES = {"xla_cpu_copy_insertion_use_region_analysis": False}  # XLA:CPU's default
 
@@ -118,7 +123,11 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
     ref = np.asarray(compiled["jit"](x))
     calls = {k: (lambda c=c: c(x)) for k, c in compiled.items()}
     reps = 5 if quick else (9 if n <= 65536 else 5)
-    med = _common.paired(calls, repeats=reps)
+    med, cores = _common.paired_with_cores(calls, repeats=reps)
+    with _common.one_core() as core:
+        one = _common.paired({k: calls[k] for k in ONE_CORE if k in calls}, repeats=reps) \
+            if core is not None else {}
+    unpinned = "skipped: threads cannot be pinned here" if core is None else ""
     ossl, why = openssl_seconds(n * BYTES_PER_BLOCK, cipher)
     comp = {k: statistics.median(v) for k, v in walls.items()}
     hand = med.get("hand")
@@ -131,6 +140,12 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
             run_ms=med[name] * 1e3, run_ratio_jit=med[name] / med["jit"],
             run_ratio_hand=med[name] / hand if hand else "",
             run_ratio_openssl=(med[name] / ossl) if ossl else f"skipped: {why}",
+            cores=cores[name],
+            run_ms_one_core=one[name] * 1e3 if name in one else
+            (unpinned if name in ONE_CORE else ""),
+            run_ratio_hand_one_core=(one[name] / one["hand"]
+                                     if name in one and "hand" in one else ""),
+            run_ratio_openssl_one_core=(one[name] / ossl) if name in one and ossl else "",
             compile_s=comp[name], compile_ratio_jit=comp[name] / comp["jit"],
             compile_ratio_untiled=comp[name] / comp["optimize tile=False"],
             exact=bool(np.array_equal(np.asarray(compiled[name](x)), ref))))
@@ -138,7 +153,10 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
                      form="openssl", T="", run_ms=(ossl * 1e3) if ossl else f"skipped: {why}",
                      run_ratio_jit=(ossl / med["jit"]) if ossl else "",
                      run_ratio_hand=(ossl / hand) if ossl and hand else "",
-                     run_ratio_openssl=1.0 if ossl else "", compile_s="",
+                     run_ratio_openssl=1.0 if ossl else "", cores="",
+                     run_ms_one_core=(ossl * 1e3) if ossl else "",
+                     run_ratio_hand_one_core=(ossl / one["hand"]) if ossl and "hand" in one
+                     else "", run_ratio_openssl_one_core=1.0 if ossl else "", compile_s="",
                      compile_ratio_jit="", compile_ratio_untiled="", exact="-"))
     return rows
 

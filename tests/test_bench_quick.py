@@ -109,3 +109,28 @@ def test_update_readme_block(tmp_path, runner):
     assert not runner.update_readme(payload, [], str(tmp_path))
     assert page.read_text() == "no markers\n"
     assert not (tmp_path / "README.md").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task"),
+                    reason="per-thread affinity is Linux's")
+def test_one_core_pins_every_thread_and_restores(runner):
+    import threading
+
+    import _common
+    before = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)   # a thread that exists before the block
+    worker.start()
+    try:
+        with _common.one_core() as core:
+            assert core in os.sched_getaffinity(0)
+            for t in os.listdir("/proc/self/task"):
+                assert os.sched_getaffinity(int(t)) == {core}
+        after = {int(t): os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task")}
+        for t, mask in before.items():
+            if t in after:
+                assert after[t] == mask
+        assert after[worker.native_id] == before[threading.main_thread().native_id]
+    finally:
+        stop.set()
+        worker.join()

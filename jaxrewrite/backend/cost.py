@@ -184,9 +184,13 @@ class TargetCosts:
     tile_budget: float = 0.25
     tile_min: int = 512
     # Cores XLA:CPU splits one fusion over (its `outer_dimension_partitions`); 0: the cores this
-    # process may run on. A tile is one core's share times this: without it the tile's fusions,
-    # too short to split, ran on one core while the untiled ones used them all (issue 26, 2
-    # cores: ChaCha20 tiles of 8,192 get 2 partitions, tiles of 4,096 none).
+    # process may run on. A tile is one core's share times this, meant to keep every core busy
+    # as the untiled program does. Measured since (issue 26, 2 cores, Dec 6): XLA splits a
+    # fusion by the bytes it touches, and no fusion of ChaCha20's rounds loop is split in tiles
+    # of 8,192 (16 of 37 at 32,768, 36 of 37 untiled at 65,536), so the tiled loop runs on one
+    # core (1.1-1.25 CPU seconds a second); the same split loop by hand in tiles of 32,768 and
+    # untiled, its fusions split, ran 1.43x and 1.35x its 8,192 tile (docs/measurements.md).
+    # The size stays: it measured fastest (`tile_budget`).
     tile_cores: int = 0
     # Whether a loop carrying arrays per element (not split into words) is tiled. Measured on the
     # CPU: tiles win on split carries (ChaCha20, BLAKE2s); an unsplit 4x4-word ARX loop over

@@ -571,8 +571,8 @@ def _plan(jaxpr):
 
 def _tile_size(plan, costs) -> int:
     """The power-of-two tile: one core's share fits `tile_budget` of that core's cache, and the
-    tile is that share times the cores XLA:CPU splits a fusion over (so the tiled program keeps
-    every core busy, as the untiled one does)."""
+    tile is that share times the cores XLA:CPU may split a fusion over (`TargetCosts.tile_cores`:
+    on 2 cores XLA splits none of a tile's fusions, and this size still measured fastest)."""
     per, B = plan.st.loop_bytes, plan.B
     cache = costs.tile_cache_bytes
     cores = 1 << int(math.log2(_cost.cpu_cores(costs)))   # (a power of two: tiles divide B)
