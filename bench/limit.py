@@ -20,11 +20,11 @@ in `lax.fori_loop`), vmapped over 1,024 / 16,384 / 65,536 blocks (and 1,048,576 
 
 Columns: run time (paired rounds, medians, one process) and its ratio to `jit`, to `hand` and to
 `openssl`; `cores`: CPU seconds per wall second of a call (XLA:CPU splits a long enough fusion
-over the cores; a tile's fusions are too short to be split, docs/measurements.md);
-the same run with every thread of the process on one core (`jit`, `hand`, `optimize`: paired
-rounds of their own) and its ratio to `hand` and to `openssl`, which is one core; compile seconds (trace + rewrite + lower + compile from fresh caches, paired rounds,
-medians) and their ratio to `jit` and to `optimize tile=False`; whether the keystream is bit for
-bit `jax.jit`'s.
+over the cores; a tile's fusions are too short to be split, docs/measurements.md); the same run
+with every thread of the process on one core (`jit`, `hand`, `optimize`: paired rounds of their
+own) and its ratio to `hand` and to `openssl`, which is one core; compile seconds (trace +
+rewrite + lower + compile from fresh caches, paired rounds, medians) and their ratio to `jit`
+and to `optimize tile=False`; whether the keystream is bit for bit `jax.jit`'s.
 """
 from __future__ import annotations
 
