@@ -138,8 +138,12 @@ class RewriteResult:
     report: Report
     changed: bool
     fell_back: bool = False
-    # XLA options the rewritten program asks to be compiled with (`backend/compile_options.py`)
-    compile_options: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def compile_options(self) -> dict:
+        """XLA options the rewritten program asks to be compiled with (`backend/
+        compile_options.py`), as the report records them."""
+        return self.report.stats.get("compile_options", {})
 
 
 class PassError(RuntimeError):
@@ -190,7 +194,7 @@ def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = (),
     wanted = _compile_options.wanted(report.counts, ctx.target) if changed else {}
     if wanted:
         report.stats["compile_options"] = wanted
-    return RewriteResult(out, report, changed, compile_options=wanted)
+    return RewriteResult(out, report, changed)
 
 
 # Primitives whose params may name a mesh or a sharding (a program partitioned from inside).
