@@ -514,21 +514,6 @@ class LoopCosts:
     # 0.55x; 25 u32 words, 3-4 trips at 65,536, `tile=False`: 0.79-1.03x (tiled 0.58-0.77x);
     # Keccak-f[1600] (5 a trip, bench/permutations.py --keccak) wins untiled.
     min_memory_permutations: int = 0
-    # A split carry kept as one array (passes/loop_carry.py): the body cuts it into its pieces at
-    # entry and stacks them at exit, once a trip, instead of carrying each piece. XLA:CPU copies
-    # carried pieces every trip (Keccak-f[1600]'s 25 lanes: 27 copies and 52 fusions a trip),
-    # where it updates one carried array in place, a loop fusion per piece (27 fusions). Each
-    # such fusion computes its piece's whole cone and reads the array strided, so it pays only
-    # where the body is shallow (its longest chain of elementwise equations at most
-    # `whole_carry_depth`) and the state fits the cores' caches (`tile_cache_bytes` per core).
-    # Measured (CPU, 2 cores of 1 MiB, paired, whole / split carry in one process; longest
-    # chain; state): Keccak 24 rounds (14), `fori_loop` and `scan`, 4,096 states (800 KB) run
-    # 0.80-0.96x, 8,192 (1.6 MB) 0.80-0.91x, 16,384 (3.2 MB) 1.00-1.10x, 32,768 1.13x, 65,536
-    # 1.14-1.24x; compile 0.62-0.87x at every size; ChaCha20 10 double rounds (32), 4,096 and
-    # 65,536 blocks, run 3.7-4.2x (its adds computed 4.3x over); BLAKE2s (40), 4,096 blocks,
-    # 2.0x.
-    # 0: never whole.
-    whole_carry_depth: int = 0
 
 
 LOOP_COSTS: dict[str, LoopCosts] = {
@@ -537,8 +522,7 @@ LOOP_COSTS: dict[str, LoopCosts] = {
     # no launches there, so only a split pays for the compile time unrolling adds.
     "cpu": LoopCosts(4000, 0.0, launches_decide=False, split_carry=True,
                      min_body_permutations=2, min_split_trips=3, min_split_work=5.0,
-                     min_memory_permutations=4,
-                     whole_carry_depth=16),
+                     min_memory_permutations=4),
     # GPU: every trip launches the body's kernels plus the condition's. H200 (deviceless XLA
     # compile, 65,536 wide): ChaCha20 fori_loop 8 kernels / 54 launches per call -> 3 / 3
     # unrolled and split; the seed's inner function in fori_loop(0, 7): 8 / 39 -> 1 / 1.
@@ -751,19 +735,6 @@ def split_pays(trips: int, body_eqns: int, pieces: int, permutations: int, state
                 f"tiled ({element_bytes} B a batch element{'' if tiles else ', tile=False'}): "
                 f"each trip goes to memory as jax.jit's does, and {permutations} permutation(s) "
                 f"a trip (minimum {lc.min_memory_permutations}) save too few passes over it")
-    return None
-
-
-def whole_carry(depth: int, state_bytes: int, target: str | None) -> str | None:
-    """None where a split loop's carry stays one array (`LoopCosts.whole_carry_depth`), else
-    why it is carried as pieces."""
-    most = loop_costs(target).whole_carry_depth
-    if depth > most:
-        return f"a chain of {depth} equations (whole only up to {most})"
-    c = costs(target)
-    cache = cores_cache(c)
-    if state_bytes > cache:
-        return f"a state of {state_bytes} B (whole only within the cores' {cache} B of cache)"
     return None
 
 

@@ -317,7 +317,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
         if split_carry:
             if not plan.moves or not plan.body_permutations:
-                # nothing to make renaming (a carry kept whole, its body split already)
+                # nothing to make renaming
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
@@ -335,8 +335,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
                        f"(minimum {min_piece})")
             if why is None:
                 rep, why = loop_carry.split_loop(eqn, loop, ctx, max_axis, max_pieces,
-                                                 _scalarize_split, scalarize.ELEMENTWISE,
-                                                 plan.body_permutations)
+                                                 _scalarize_split, plan.body_permutations)
                 if rep is not None:
                     ctx.report.applied(PASS, eqn, after=(f"rolled, carry split: {why}",))
                     ctx.report.count(f"{PASS}.carries_split")

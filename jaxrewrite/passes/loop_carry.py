@@ -26,14 +26,11 @@ as renaming: the body computes on pieces from end to end. Whether it does is ask
 anything changes (`split_loop` runs scalarize on the new body with a scratch report): a carry
 that the split body would still re-join each trip is not split (a stack per trip for nothing).
 
-Where the body is shallow and the state fits the cores' caches (`backend.cost.whole_carry`), the
-carry stays one array and only the body is split: XLA:CPU then updates it in place, where it
-copies every carried piece each trip (Keccak-f[1600], 4,096 states: run 0.80-0.96x, compile
-0.70-0.87x the pieces' form):
-
-    whole:   _, s = scan[length=24, num_carry=2]{
-                 (i, c:u64[N,25]) -> c0..c24 = pieces of c ; d = f(join(c0..c24)) ;
-                                     (i + 1, join(pieces of d)) } 0 x
+The carry is carried as its pieces. Kept as one array instead, cut at the body's entry and
+joined at its exit (XLA:CPU then updates it in place), Keccak-f[1600]'s 25 lanes ran 0.80-0.96x
+the pieces' form at 4,096-8,192 states until split loops were compiled with region-based copy
+insertion (`backend/compile_options.py`), and 1.26-1.40x since (paired, CPU, Dec 6), so that
+form is gone.
 
 A `while` that counts by 1 between literals (`fori_loop` whose bounds became literals) is
 re-emitted as a `scan` of its trip count: same body, same order, no condition to evaluate.
@@ -126,13 +123,12 @@ def _n_pieces(shape: tuple, axes: tuple) -> int:
     return math.prod(shape[d] for d in axes) if axes else 1
 
 
-def emit(eqn, loop: Loop, layout: list, whole: bool = False,
+def emit(eqn, loop: Loop, layout: list,
          const_layout: list | None = None) -> tuple[list, list, object]:
     """(equations, results, the new scan equation) of `loop` with carry k carried as its pieces
-    along `layout[k]` (() = whole). `whole`: carried as one array still, the body cutting it
-    into those pieces at entry and joining them at exit (`LoopCosts.whole_carry_depth`).
-    `const_layout[k]`: loop constant k cut into pieces along those axes before the loop and
-    joined at the body's entry, where scalarize makes the join renaming (`const_axes`)."""
+    along `layout[k]` (() = whole). `const_layout[k]`: loop constant k cut into pieces along
+    those axes before the loop and joined at the body's entry, where scalarize makes the join
+    renaming (`const_axes`)."""
     nk, nc = len(loop.init), len(loop.consts)
     shapes = [tuple(C.aval_of(v).shape) for v in loop.init]
     const_layout = const_layout or [()] * nc
@@ -161,19 +157,16 @@ def emit(eqn, loop: Loop, layout: list, whole: bool = False,
         consts, init, xs = args[:nc], args[nc:nc + nk], args[nc + nk:]
         cut = [_pieces(c, axes) if axes else None for c, axes in zip(consts, const_layout)]
 
-        def step(carry, x):
-            pieces = split(carry) if whole else carry
+        def step(pieces, x):
             # (the join inside the step: lax.scan takes the pieces as its constants)
             body_consts = [c if p is None else _join(p, tuple(jnp.shape(c)), axes)
                            for c, p, axes in zip(consts, cut, const_layout)]
             outs = C.eval_jaxpr(loop.body, *body_consts, *regroup(pieces), *(x or ()))
-            new = split(outs[:nk])
-            return (regroup(new) if whole else new), list(outs[nk:])
+            return split(outs[:nk]), list(outs[nk:])
 
-        start = [jnp.asarray(v) for v in init] if whole else split(init)
-        carry, ys = lax.scan(step, start, list(xs) if xs else None, length=loop.trips,
+        carry, ys = lax.scan(step, split(init), list(xs) if xs else None, length=loop.trips,
                              reverse=loop.reverse, unroll=loop.unroll)
-        return (list(carry) if whole else regroup(carry)) + list(ys)
+        return regroup(carry) + list(ys)
 
     em = _walk.Emitter(eqn)
     outs = em.call(whole_loop, *traced)
@@ -205,25 +198,12 @@ def const_axes(loop: Loop, elements: int, max_axis: int, max_pieces: int) -> lis
     return out
 
 
-def longest_chain(jaxpr, counted) -> int:
-    """The most equations of `counted` primitives on one path from the inputs to an output."""
-    depth: dict = {}
-    for e in jaxpr.eqns:
-        d = max((depth.get(a, 0) for a in e.invars if not C.is_literal(a)), default=0)
-        d += e.primitive.name in counted
-        for v in e.outvars:
-            depth[v] = d
-    return max((depth.get(a, 0) for a in jaxpr.outvars if not C.is_literal(a)), default=0)
-
-
 def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_split,
-               counted=frozenset(), permutations: int = 0):
+               permutations: int = 0):
     """(Replacement, what was split) or (None, why not); `permutations`: of carried data, per
     trip (`backend.cost.split_pays`). `scalarize_split(ctx, jaxpr, consts)`:
     scalarize's split of one level, asked without recording it ((split level, None) or
-    (None, its reason)). Where the cost model keeps the carry whole (`backend.cost.whole_carry`:
-    the split body's longest chain of `counted` equations, the state's size), the body cuts the
-    one carried array and joins it (`emit(whole=True)`), if scalarize splits that body too."""
+    (None, its reason))."""
     layout = [carry_axes(v, max_axis, max_pieces) for v in loop.init]
     if not any(layout):
         return None, "no small axis in the carry"
@@ -262,21 +242,9 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
         why = f"the split body would re-join carried pieces {rejoined} time(s) every trip"
     else:
         return None, why
-    depth = longest_chain(split_body, counted)
-    not_whole = _cost.whole_carry(depth, state, ctx.target)
-    if not_whole is None:
-        w_eqns, w_outs, w_scan = emit(eqn, loop, layout, whole=True, const_layout=const_layout)
-        w_body = w_scan.params["jaxpr"]
-        w_split, not_whole = scalarize_split(ctx, w_body.jaxpr, w_body.consts)
-        if w_split is not None:
-            eqns, outs, split_body = w_eqns, w_outs, w_split
     cuts = f"; {sum(map(bool, const_layout))} loop constant(s) cut into pieces" \
         if const_layout else ""
-    if not_whole is None:
-        how = (f"{n} carried value(s) kept whole, cut into {total} pieces and joined once a "
-               f"trip (a chain of {depth} equations, a state of {state} B)")
-    else:
-        how = f"{n} carried value(s) as {total} pieces (not whole: {not_whole})"
+    how = f"{n} carried value(s) as {total} pieces"
     after = len(split_body.eqns)
     return _walk.Replacement(eqns, outs), (
         f"{how}{cuts}; body {len(loop.body.jaxpr.eqns)} -> {after} "

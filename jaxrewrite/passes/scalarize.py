@@ -1107,30 +1107,10 @@ def _loop_body_joins(jaxpr, an, target, mode) -> str | None:
     (CPU, paired, 4x4 quarter rounds with a message, 65,536 blocks, compile / run vs jax.jit: 2
     trips 3.1-3.5x / 0.99-1.0x; with `flatten=False`, 4 trips 3.1x / 1.12x, 3 trips at 4,096
     blocks 2.9x / 0.94x; 12 trips, its rows re-joined by the user's own `jnp.stack`, 2.95x /
-    1.69x). The exception is flatten's carry kept whole (`loop_carry.emit(whole=True)`): its
-    body ends by joining the slices of its result, which the split makes renaming."""
+    1.69x)."""
     if mode != "auto" or not _cost.loop_costs(target).split_carry:
         return None
-    made = {v: e for e in jaxpr.eqns for v in e.outvars}
-    shape_only = ("reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims")
-
-    def producer(v):
-        e = made.get(v)
-        while e is not None and e.primitive.name in shape_only:
-            e = made.get(e.invars[0]) if not C.is_literal(e.invars[0]) else None
-        return e
-
-    def round_trip(v):
-        # join(slices of one value): flatten's whole carry, cut and joined once a trip
-        e = producer(v)
-        if e is None or e.primitive.name not in ("stack", "concatenate"):
-            return False
-        cut = [producer(a) if not C.is_literal(a) else None for a in e.invars]
-        return all(c is not None and c.primitive.name == "slice" for c in cut) and \
-            len({id(c.invars[0]) for c in cut}) == 1
-
-    joined = sum(1 for v in jaxpr.outvars
-                 if not C.is_literal(v) and v in an.chosen and not round_trip(v))
+    joined = sum(1 for v in jaxpr.outvars if not C.is_literal(v) and v in an.chosen)
     if not joined:
         return None
     return (f"a rolled loop's body: {joined} of its results would be re-joined every trip "
