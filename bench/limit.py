@@ -14,6 +14,9 @@ in `lax.fori_loop`), vmapped over 1,024 / 16,384 / 65,536 blocks (and 1,048,576 
 - `optimize, XLA's copies`: the same, compiled without the option the rewrite asks for
                     (`backend/compile_options.py`): XLA's default copy of each carried piece
                     every trip, the form before it;
+- `jit (Python loop)`, `optimize (Python loop)`: the same double rounds as a Python loop (the
+                    author's jitted double round called 10 times); `jit (take form)`,
+                    `optimize (take form)`: written inline with `jnp.take` (`chacha_take`);
 - `openssl`:        `openssl speed -evp chacha20` on one core for the same bytes (64 per block),
                     its own rate measured in the same run (skipped, with the reason, where no
                     `openssl` is found).
@@ -43,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrewrite  # noqa: E402
-from permutations import RFC_OUT, _blocks, chacha_loop, chacha_words  # noqa: E402
+from permutations import RFC_OUT, _blocks, chacha_loop, chacha_take, chacha_words  # noqa: E402
 
 NAME = "limit"
 COLUMNS = ("program", "blocks", "form", "T", "run_ms", "run_ratio_jit", "run_ratio_hand",
@@ -97,6 +100,12 @@ def chacha(n: int, quick: bool) -> list[dict]:
         "optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori"))),
         "optimize, XLA's copies": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori")),
                                                               compiler_options=KEEP_COPIES),
+        # the same rounds as a Python loop (of the author's jitted double round; of inline
+        # `jnp.take` code): jax.jit unrolls them, optimize rolls them first (passes/rounds.py)
+        "jit (Python loop)": lambda: jax.jit(jax.vmap(chacha_loop("python"))),
+        "optimize (Python loop)": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("python"))),
+        "jit (take form)": lambda: jax.jit(jax.vmap(chacha_take)),
+        "optimize (take form)": lambda: jaxrewrite.optimize(jax.vmap(chacha_take)),
     }
     rows = _table("chacha20 (author's fori form)", n, x, variants, quick, "chacha20")
     first = np.asarray(jax.jit(jax.vmap(chacha_loop("fori")))(x[:1]))[0]

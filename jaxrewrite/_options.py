@@ -11,7 +11,8 @@ from typing import Any
 OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("dedup", True, "merge structurally identical inner jaxprs so each is lowered once"),
     ("cse", True, "compute identical pure equations on identical operands once"),
-    ("reroll", False, "roll chains of identical calls into lax.scan (True, or the shortest run)"),
+    ("reroll", "auto", "roll chains of identical calls into lax.scan (True, or the shortest run); "
+                       "'auto': on the CPU only a loop of rounds whose carry flatten then splits"),
     ("unroll", 1, "`unroll=` of the scans that reroll makes"),
     ("fold", True, "fold integer/boolean index arithmetic over constants"),
     ("fold_limit", 1 << 20, "largest constant (elements) that folding may materialize"),
@@ -51,7 +52,8 @@ def _count(v):
 VALID = {
     "dedup": (_bool, "True or False"),
     "cse": (_bool, "True or False"),
-    "reroll": (lambda v: _bool(v) or (_count(v) and v >= 2), "True, False, or an int >= 2"),
+    "reroll": (lambda v: _bool(v) or v == "auto" or (_count(v) and v >= 2),
+               "True, False, 'auto', or an int >= 2"),
     "unroll": (lambda v: _bool(v) or _count(v), "an int >= 1 or a bool"),
     "fold": (_bool, "True or False"),
     "fold_limit": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),

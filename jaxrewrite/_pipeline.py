@@ -8,6 +8,8 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
                 and inlined where the specialised body is trivial (one function per site, else).
 2. gathers    - static-index gather/scatter/dynamic_slice become structural data movement.
 3. movement   - data-movement algebra: slice∘concatenate, rev∘rev, permutation∘inverse, ...
+3a. rounds    - (CPU, `reroll="auto"`) a Python loop of identical rounds becomes a `lax.scan`
+                where flatten will then carry it split, as a `fori_loop` of those rounds is.
 3b. flatten   - small jit calls and static-trip-count loops whose small axes are permuted are
                 inlined / unrolled (cost model), so scalarize sees one region.
 4. dedup      - structurally identical inner jaxprs become one object (lowered once).
@@ -76,6 +78,8 @@ class PassSpec:
     # split: 2.0x -> 0.8x the hand-written form's run on the CPU). A rolled network, where
     # flatten finds nothing, pays one flatten walk, not a second scalarize analysis.
     then: tuple[str, ...] = ()
+    # Whether the option's value enables the pass (default: any true value).
+    enabled_by: Callable[[object], bool] = bool
 
     def wakes(self, other: str) -> bool:
         """Whether a change by this pass may give `other` work."""
@@ -93,6 +97,9 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("fold", "fold", True, own_fixpoint=True, enabling=True),
     PassSpec("gathers", "gathers", True),
     PassSpec("movement", "movement", True),
+    # A Python loop of rounds rolled where flatten will split the loop's carry: just before it.
+    # (fold's work reaches it through flatten, which decides whether fold's changes are kept)
+    PassSpec("rounds", "reroll", True, uses_enabling=False),
     # flatten runs before scalarize: it removes the call and loop boundaries scalarize stops at.
     PassSpec("flatten", "flatten", True),
     # Sharing changes no structure: no work for another pass but cse, no dead code.
@@ -102,7 +109,9 @@ PASSES: tuple[PassSpec, ...] = (
     # the same nothing (RubiksCube: 23 of a 150 ms rewrite)
     PassSpec("cse", "cse", True),
     PassSpec("scalarize", "scalarize", True),
-    PassSpec("reroll", "reroll", False, then=("flatten", "scalarize")),
+    # (reroll="auto" leaves rolling to `rounds`)
+    PassSpec("reroll", "reroll", False, then=("flatten", "scalarize"),
+             enabled_by=lambda v: bool(v) and v != "auto"),
     # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
     PassSpec("tile", "tile", False, uses_enabling=False),
     # After every pass that reads literals: the large ones fold made (or constants became) go
@@ -157,7 +166,7 @@ def _load(spec: PassSpec) -> Callable:
 def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, Callable]]:
     out = []
     for spec in PASSES:
-        if spec.option is None or getattr(options, spec.option):
+        if spec.option is None or spec.enabled_by(getattr(options, spec.option)):
             out.append((spec, _load(spec)))
     out.extend(extra)
     return out

@@ -108,8 +108,8 @@ def test_an_option_this_xla_does_not_know_is_not_asked_for():
 
 
 def test_a_rule_whose_option_this_xla_lacks_leaves_the_program_compiling(monkeypatch):
-    unknown = CO.Rule("xla_jaxrewrite_unknown_rule_option", True, "cpu", "flatten.carries_split",
-                      "a rule this XLA cannot follow")
+    unknown = CO.Rule("xla_jaxrewrite_unknown_rule_option", True, "cpu",
+                      ("flatten.carries_split",), "a rule this XLA cannot follow")
     monkeypatch.setattr(CO, "RULES", CO.RULES + (unknown,))
     f, a = _program()
     with pytest.warns(RuntimeWarning, match=unknown.option):

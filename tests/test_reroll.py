@@ -182,7 +182,7 @@ def test_min_length_default_off_and_effects():
             x = jax.jit(lambda s: s * 2.0)(x)
         return x
     x = jnp.ones(2)
-    assert len(_scans(_rewrite(f, x)[0])) == 0                     # reroll=False by default
+    assert len(_scans(_rewrite(f, x)[0])) == 0     # reroll="auto" by default: floats stay as written
     assert len(_scans(_rewrite(f, x, reroll=4)[0])) == 0           # chain shorter than 4
     assert len(_scans(_rewrite(f, x, reroll=3)[0])) == 1
 

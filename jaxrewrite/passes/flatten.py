@@ -100,8 +100,8 @@ def _small_axis(atom, max_axis: int) -> bool:
 
 
 def _is_float(atom) -> bool:
-    dt = getattr(C.aval_of(atom), "dtype", None)
-    return dt is not None and bool(np.issubdtype(dt, np.inexact))
+    dt = getattr(C.aval_of(atom), "dtype", None)   # (a PRNG key's dtype is not numpy's)
+    return dt is not None and not C.is_extended_dtype(dt) and bool(np.issubdtype(dt, np.inexact))
 
 
 def _permutes(e, producer: dict) -> bool:
@@ -395,6 +395,22 @@ def _inline_rule(ctx, mode, max_axis, max_eqns, piece_of):
         ctx.report.applied(PASS, eqn, after=("inlined",))
         return True
     return should
+
+
+def carry_split_reason(eqn, ctx) -> str | None:
+    """None where this pass would carry the loop `eqn` split on `ctx`'s target (the CPU rule of
+    `_unroll_rule`), else why not; asked with a scratch report, nothing recorded."""
+    if ctx.options.flatten != "auto" or not _cost.loop_costs(ctx.target).split_carry:
+        return "the target does not split loop carries (or flatten is not 'auto')"
+    scratch = dataclasses.replace(ctx, report=Report())
+    loop_axis = _cost.loop_axis(ctx.target)
+    pieces: dict = {}
+    rule = _unroll_rule(scratch, "auto", loop_axis,
+                        lambda j, permuting: _largest_piece(j, loop_axis, permuting, pieces), [])
+    if rule(eqn) is not None and scratch.report.counts.get(f"{PASS}.carries_split"):
+        return None
+    reasons = [d.reason for d in scratch.report.declines]
+    return reasons[-1] if reasons else "no permutation along a small axis of the carry"
 
 
 def _scalarize_split(ctx, jaxpr, consts) -> tuple:

@@ -91,7 +91,7 @@ DEFAULT_MIN_LENGTH = 3
 
 
 def _min_length(opt) -> int | None:
-    if opt is False or opt is None:
+    if opt is False or opt is None or opt == "auto":   # ("auto": passes/rounds.py alone)
         return None
     if opt is True:
         return DEFAULT_MIN_LENGTH
@@ -150,16 +150,18 @@ def _open_ended(cj) -> bool:
                for e in _walk.iter_eqns(cj))
 
 
-def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
+def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False,
+                        keep=None):
     """Chains of calls are rolled; then runs of repeated inline code left become calls
     (`outline`) and are rolled the same way. Outlined calls that no chain rolls are inlined
-    back, so outlining alone never changes a level."""
-    rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx, soft)
+    back, so outlining alone never changes a level. `keep(scan equation)`: None to roll a
+    chain, else why not (the chain is left as it was, nothing recorded but a count)."""
+    rolled, n = _reroll_level(jaxpr, keyer, min_len, ctx, soft, keep)
     outlined, bodies = outline.outline_level(rolled, keyer, min_len,
-                                             None if soft else _segment_veto(ctx))
+                                             None if soft or keep else _segment_veto(ctx))
     if not bodies:
         return rolled, n
-    new, m = _reroll_level(outlined, keyer, min_len, ctx, soft)
+    new, m = _reroll_level(outlined, keyer, min_len, ctx, soft, keep)
     if not m:
         return rolled, n
     left = {id(e.params["jaxpr"]) for e in new.eqns if C.is_jit(e)} & bodies
@@ -363,8 +365,24 @@ def _same_atom(atoms) -> bool:
     return all(a is a0 for a in atoms)
 
 
-def _plan(chain: Chain, users: dict, ys_origin: dict):
-    """Classify operand positions and outputs; raise Decline when the chain cannot roll."""
+def _same_broadcast(atoms, made: dict):
+    """The first of `atoms`' producers where each is a `broadcast_in_dim` of one operand with one
+    set of params (a table broadcast over the batch, once per round before cse), else None."""
+    eqns = [None if C.is_literal(a) else made.get(a) for a in atoms]
+    e0 = eqns[0]
+    if e0 is None or e0.primitive.name != "broadcast_in_dim" or any(
+            e is None or e.primitive is not e0.primitive or e.params != e0.params
+            for e in eqns[1:]):
+        return None
+    return e0 if _same_atom([e.invars[0] for e in eqns]) else None
+
+
+def _plan(chain: Chain, users: dict, ys_origin: dict, made: dict | None = None):
+    """Classify operand positions and outputs; raise Decline when the chain cannot roll.
+    `made` (the level's producers): an operand that is the same broadcast in every call is
+    loop-invariant as the broadcast's operand, re-broadcast inside the body (`sunk`), where XLA
+    fuses it into its consumers; stacked, a batch-sized mask would be read every trip (Keccak's
+    rotation guard at 65,536 states: 1.9x the `fori_loop` form's run)."""
     first, k = chain.eqns[0], len(chain.eqns)
     carry_in = dict(chain.carry)                   # p -> q
     for p, q in chain.carry:
@@ -372,12 +390,18 @@ def _plan(chain: Chain, users: dict, ys_origin: dict):
         if C.aval_key(ia) != C.aval_key(oa):
             raise Decline(f"carry type differs: input {p} is {ia.str_short()}, output {q} is "
                           f"{oa.str_short()} (dtype/weak type/sharding must match exactly)")
-    invariant, xs = [], []
+    invariant, xs, sunk = [], [], {}
     for p in range(len(first.invars)):
         if p in carry_in:
             continue
         atoms = [e.invars[p] for e in chain.eqns]
-        (invariant if _same_atom(atoms) else xs).append(p)
+        if _same_atom(atoms):
+            invariant.append(p)
+        elif made is not None and (b := _same_broadcast(atoms, made)) is not None:
+            invariant.append(p)
+            sunk[p] = b
+        else:
+            xs.append(p)
     carried_p = {q: p for p, q in carry_in.items()}
     ys = []   # ("out", result position) or ("in", carried operand position): stacked per step
     for q in range(len(first.outvars)):
@@ -410,7 +434,7 @@ def _plan(chain: Chain, users: dict, ys_origin: dict):
         reverse = next(iter(direct.values()))[3]
     else:
         direct = {}
-    return carry_in, invariant, xs, ys, direct, reverse
+    return carry_in, invariant, xs, ys, direct, reverse, sunk
 
 
 @dataclasses.dataclass
@@ -425,6 +449,8 @@ class _Layout:
     listed: list                     # positions read from their list
     ys: list                         # what comes out as stacked ys: ("out", result position)
                                      # or ("in", carried operand position)
+    sunk: dict = dataclasses.field(default_factory=dict)   # invariant position -> the broadcast
+                                     # re-made inside the body from its operand (`_plan`)
 
     def assemble(self, carry, inv, xs, rows) -> list:
         ins = [None] * len(self.first.invars)
@@ -432,6 +458,8 @@ class _Layout:
                        (self.listed, rows)):
             for p, v in zip(ps, vs):
                 ins[p] = v
+        for p, b in self.sunk.items():
+            ins[p] = b.primitive.bind(ins[p], **b.params)
         return ins
 
     def split_outs(self, outs, carry):
@@ -446,7 +474,7 @@ class _Layout:
 
 
 def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = False,
-          forward_only: str | None = None, offsets: bool = False):
+          forward_only: str | None = None, offsets: bool = False, made: dict | None = None):
     """Replacement equations for `chain` and the substitution of its outputs.
 
     With `lists`, per-iteration operands that would be stacked are read from their list inside
@@ -460,7 +488,7 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
     from jax import lax
     import jax.numpy as jnp
 
-    carry_in, invariant, xs, ys, direct, reverse = _plan(chain, users, ys_origin)
+    carry_in, invariant, xs, ys, direct, reverse, sunk = _plan(chain, users, ys_origin, made)
     if forward_only and direct and reverse:
         raise Decline(f"backward pass not rolled: {forward_only}")
     if forward_only:
@@ -496,8 +524,9 @@ def _roll(chain: Chain, users: dict, ys_origin: dict, unroll, lists: bool = Fals
             produced.extend((a, (stacked_x, s, k)) for s, a in enumerate(atoms)
                             if not C.is_literal(a))
 
-    lay = _Layout(first, k, carry_in, carry_ps, invariant, xs, listed, ys)
-    args = ([first.invars[p] for p in carry_ps] + [first.invars[p] for p in invariant]
+    lay = _Layout(first, k, carry_in, carry_ps, invariant, xs, listed, ys, sunk)
+    args = ([first.invars[p] for p in carry_ps]
+            + [sunk[p].invars[0] if p in sunk else first.invars[p] for p in invariant]
             + xs_atoms)
     if listed:
         rolled = _listed_scan(lay, reverse, unroll)
@@ -935,18 +964,41 @@ def _recompute(eqns, chains, users, outvars, keyer: Keyer, min_len: int, ctx,
     return new_eqns, new_chains, new_users
 
 
-def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
+def _carries_pieces(chain: Chain) -> bool:
+    """Whether the rolled loop carries pieces of one split state: two or more carried values of
+    one shape and dtype (a run of rounds scalarize split: ChaCha20's 16 words). XLA:CPU copies
+    each at the top of every trip unless asked not to (`backend/compile_options.py`)."""
+    kinds = collections.Counter((tuple(C.aval_of(chain.eqns[0].invars[p]).shape),
+                                 str(C.aval_of(chain.eqns[0].invars[p]).dtype))
+                                for p, _ in chain.carry)
+    return max(kinds.values(), default=0) >= 2
+
+
+class _Producers:
+    """`get(var)`: the equation of `eqns` that makes `var` (None for an input)."""
+    def __init__(self, eqns: list, at: dict):
+        self.eqns, self.at = eqns, at
+
+    def get(self, v):
+        j = self.at.get(v)
+        return None if j is None else self.eqns[j]
+
+
+def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False, keep=None):
     eqns = list(jaxpr.eqns)
     chains, users = _chains(eqns, jaxpr.outvars, keyer, min_len)
     if not chains:
         return jaxpr, 0
     costs = _cost.costs(ctx.target)
-    if costs.reroll_recompute:
+    if costs.reroll_recompute and keep is None:
         eqns, chains, users = _recompute(eqns, chains, users, jaxpr.outvars, keyer, min_len, ctx,
                                          soft)
     chains.sort(key=lambda c: c.idx[-1])
     at_end = {c.idx[-1]: c for c in chains}
     removed = {i for c in chains for i in c.idx[:-1]}
+    # each value's producer, as renamed so far (`eqns[j]` is updated below before it is read)
+    made_at = {v: j for j, e in enumerate(eqns) for v in e.outvars}
+    made = _Producers(eqns, made_at)
     env: dict = {}
     ys_origin: dict = {}   # atom -> (stacked ys var, scan index, chain length)
     out_eqns = []
@@ -965,15 +1017,25 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
             _exact.check(ctx, [a for e in chain.eqns for a in _exact.eqn_atoms(e)], "rolling")
             slow = _slow_body(chain.eqns[0], len(chain.eqns), ctx, soft)
             if slow is not None:
-                ctx.report.count(f"{NAME}.declined_by_cost")
+                if keep is None:
+                    ctx.report.count(f"{NAME}.declined_by_cost")
                 raise Decline(slow)
             chain = _generalize(chain, keyer)
             why = _forward_only_reason(chain.eqns[0], ctx)
             new, sub, produced = _roll(chain, users, ys_origin, ctx.options.unroll,
-                                       lists=costs.reroll_list_read, forward_only=why,
-                                       offsets=costs.reroll_runtime_offsets)
+                                       lists=costs.reroll_list_read and keep is None,
+                                       forward_only=why,
+                                       offsets=costs.reroll_runtime_offsets, made=made)
+            if keep is not None:
+                scans = [q for q in new if q.primitive.name == "scan"]
+                not_kept = keep(scans[0]) if len(scans) == 1 else "not one plain scan"
+                if not_kept is not None:
+                    raise Decline(not_kept)
         except Decline as d:
-            ctx.report.declined(NAME, orig[0], str(d))
+            if keep is None:
+                ctx.report.declined(NAME, orig[0], str(d))
+            else:   # (a loop of rounds left as written: the common case, not a decline)
+                ctx.report.count(f"{NAME}.left_as_written")
             # keep the calls, re-emitted at the chain's end: `_cut` guarantees that nothing
             # before the end uses their results, and their operands are all defined by then
             out_eqns.extend(orig)
@@ -989,6 +1051,8 @@ def _reroll_level(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False):
             ctx.report.count("reroll.forward_only")
         ctx.report.applied(NAME, chain.eqns, after=("scan",))
         ctx.report.count("reroll.chains")
+        if _carries_pieces(chain):
+            ctx.report.count("reroll.carries_pieces")
         ctx.report.count(f"reroll.length.{len(chain.eqns)}")
         ctx.report.stats.setdefault("reroll.lengths", []).append(len(chain.eqns))
     if not n:
