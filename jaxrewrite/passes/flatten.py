@@ -99,7 +99,7 @@ def _small_axis(atom, max_axis: int) -> bool:
     return any(1 < s <= max_axis for s in shape)
 
 
-def _is_float(atom) -> bool:
+def is_float(atom) -> bool:
     dt = getattr(C.aval_of(atom), "dtype", None)   # (a PRNG key's dtype is not numpy's)
     return dt is not None and not C.is_extended_dtype(dt) and bool(np.issubdtype(dt, np.inexact))
 
@@ -155,7 +155,7 @@ def _largest_piece(cj, max_axis: int, permuting: bool, memo: dict | None = None)
     return best
 
 
-def _inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
+def inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
     """Why a loop body is not exact to unroll (None: it is). `integers_exact`: any primitive
     whose results are integers or booleans is exact (a carry split keeps the body's code, so
     only float rounding could move with the fusions; an integer sum is the same in any order)."""
@@ -163,11 +163,11 @@ def _inexact_body(jaxpr, integers_exact: bool = False) -> str | None:
         name = e.primitive.name
         if e.effects:
             return f"'{name}' has effects"
-        if integers_exact and not any(_is_float(v) for v in e.outvars):
+        if integers_exact and not any(is_float(v) for v in e.outvars):
             continue
         if name not in EXACT:
             return f"'{name}' in the body (only exact integer/bitwise ops and data movement)"
-        if name not in _EXACT_FLOAT_SAFE and any(_is_float(v) for v in e.outvars):
+        if name not in _EXACT_FLOAT_SAFE and any(is_float(v) for v in e.outvars):
             return f"float '{name}' in the body (XLA may fuse it differently unrolled)"
     return None
 
@@ -321,7 +321,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
-            why = _inexact_body(body.jaxpr, integers_exact=True)
+            why = inexact_body(body.jaxpr, integers_exact=True)
             if why is None and trips < lc.min_split_trips:
                 why = (f"fewer than {lc.min_split_trips} trips do not pay for a split's compile "
                        f"time, rolled or unrolled")
@@ -344,7 +344,7 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
             return None
         why, summary = _cost.unroll_decision(plan, ctx.target, mode)
         if why is None:
-            why = _inexact_body(body.jaxpr)
+            why = inexact_body(body.jaxpr)
         if why is None and not all(C.is_foldable_const(c) for c in body.consts):
             why = "the body closes over values not known at trace time"
         if why is not None:

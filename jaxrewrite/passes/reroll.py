@@ -90,7 +90,7 @@ NAME = "reroll"
 DEFAULT_MIN_LENGTH = 3
 
 
-def _min_length(opt) -> int | None:
+def min_length(opt) -> int | None:
     if opt is False or opt is None or opt == "auto":   # ("auto": passes/rounds.py alone)
         return None
     if opt is True:
@@ -110,7 +110,7 @@ class Chain:
 
 
 def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
-    min_len = _min_length(ctx.options.reroll)
+    min_len = min_length(ctx.options.reroll)
     if min_len is None:
         return cj, False
     keyer = Keyer()
@@ -122,7 +122,7 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     # measured below, the measurement decides instead
     soft = measured and _autotune.compiler_for(ctx.target)[0] == "local"
     out, rolled = _walk.map_levels(
-        cj, lambda j: _outline_and_reroll(j, keyer, min_len, ctx, soft))
+        cj, lambda j: outline_and_reroll(j, keyer, min_len, ctx, soft))
     if rolled and measured:
         # whether rolling pays is XLA's fusion of the unrolled program, which the jaxpr does not
         # show (`backend.cost.REROLL_TIMED`): measured on the whole program, before and after
@@ -150,7 +150,7 @@ def _open_ended(cj) -> bool:
                for e in _walk.iter_eqns(cj))
 
 
-def _outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False,
+def outline_and_reroll(jaxpr, keyer: Keyer, min_len: int, ctx, soft: bool = False,
                         keep=None):
     """Chains of calls are rolled; then runs of repeated inline code left become calls
     (`outline`) and are rolled the same way. Outlined calls that no chain rolls are inlined

@@ -31,14 +31,14 @@ def run(cj, ctx):
     option = ctx.options.reroll
     if option is False or option is None or ctx.target != "cpu" or ctx.options.flatten != "auto":
         return cj, False
-    min_len = reroll.DEFAULT_MIN_LENGTH if option in ("auto", True) else reroll._min_length(option)
+    min_len = reroll.DEFAULT_MIN_LENGTH if option == "auto" else reroll.min_length(option)
     keyer = Keyer()
     fewest = _cost.loop_costs(ctx.target).min_body_permutations
 
     def level(j):
         if not _may_hold_rounds(j, fewest):
             return j, 0
-        return reroll._outline_and_reroll(
+        return reroll.outline_and_reroll(
             j, keyer, min_len, ctx, keep=lambda scan: flatten.carry_split_reason(scan, ctx))
     out, rolled = _walk.map_levels(cj, level)
     return (out, True) if rolled else (cj, False)
@@ -50,12 +50,12 @@ def _may_hold_rounds(jaxpr, fewest: int) -> bool:
     network's level is not) and at least `fewest` data movers at or below it (flatten splits
     a carry moved that often a trip). Outlining a 32-layer training step to find nothing took
     1.1-1.9 s."""
-    if flatten._inexact_body(jaxpr, integers_exact=True) is not None:
+    if flatten.inexact_body(jaxpr, integers_exact=True) is not None:
         return False
     movers = 0
     for e in _walk.iter_eqns(jaxpr):
         if e.primitive.name in flatten.MOVERS and not any(
-                flatten._is_float(v) for v in e.outvars):
+                flatten.is_float(v) for v in e.outvars):
             movers += 1
             if movers >= fewest:
                 return True
