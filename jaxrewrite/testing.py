@@ -17,6 +17,7 @@ The rule is the README's exactness contract (public, so users can test their own
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import jax
@@ -25,6 +26,7 @@ import numpy as np
 
 from . import _api
 from . import _compat as C
+from . import _pipeline
 
 
 def bits(x) -> np.ndarray:
@@ -206,6 +208,112 @@ def assert_equivalent(fn: Callable, *args, grad: bool | None = None, vmap: bool 
         else:
             same(jax.vmap(opt_fn)(*stacked), expected_v, what="vmap")
     return cj
+
+
+# --- fault injection: the fallback holds for every pass -----------------------------------------
+
+# What `inject_fault` does to a pass's output: the kinds of damage a buggy pass can do.
+FAULTS = ("shape", "dtype", "drop", "duplicate", "param", "raise")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a pass that `inject_fault(name, "raise")` broke."""
+
+
+@contextlib.contextmanager
+def inject_fault(pass_name: str, kind: str):
+    """`with inject_fault("literals", "shape"):` every program rewritten in this block has the
+    pass `pass_name` damage its output (and say it changed the program), as a buggy pass would:
+
+    | kind        | the pass's output                                                       |
+    | ----------- | ----------------------------------------------------------------------- |
+    | "shape"     | its first output replaced by an input (or a constant) of another shape   |
+    | "dtype"     | its first equation's first result re-typed (another dtype), uses kept    |
+    | "drop"      | its first equation whose results are read, removed                       |
+    | "duplicate" | a later equation's result renamed to its first one's (bound twice)       |
+    | "param"     | its first equation given an invalid parameter                            |
+    | "raise"     | an exception raised after the pass ran                                   |
+
+    The damage is done the first time the pass runs in a rewrite. The program must still return
+    `jax.jit`'s result, with one warning (`tests/test_faults.py`). Passes are looked up when a
+    rewrite starts (`_pipeline.enabled_passes`): the damage applies to rewrites that start in
+    the block, in any thread."""
+    if kind not in FAULTS:
+        raise ValueError(f"inject_fault: kind {kind!r} is not one of {FAULTS}")
+    real = _pipeline._load
+
+    def load(spec):
+        fn = real(spec)
+        if spec.name != pass_name:
+            return fn
+
+        def damaged(cj, ctx):
+            out, changed = fn(cj, ctx)
+            if ctx.cache.get("fault.injected"):   # once a rewrite: a second damage could undo
+                return out, changed               # the first (an output swapped back)
+            ctx.cache["fault.injected"] = True
+            if kind == "raise":
+                raise InjectedFault(f"injected into pass '{pass_name}'")
+            return _damage(out, kind), True
+        return damaged
+
+    _pipeline._load = load
+    try:
+        yield
+    finally:
+        _pipeline._load = real
+
+
+def _damage(cj, kind: str):
+    j = cj.jaxpr
+    eqns, outvars = list(j.eqns), list(j.outvars)
+    reads = {a for e in eqns for a in e.invars if isinstance(a, C.Var)} | {
+        a for a in outvars if isinstance(a, C.Var)}
+    first = next((k for k, e in enumerate(eqns) if any(v in reads for v in e.outvars)), None)
+    if kind == "shape" or first is None:
+        shape = tuple(outvars[0].aval.shape)
+        other = next((v for v in j.invars if tuple(v.aval.shape) != shape), None)
+        if other is None:
+            other = C.literal(np.zeros(shape + (2,), np.float32))
+        outvars[0] = other
+    elif kind == "dtype":
+        old = next(v for v in eqns[first].outvars if v in reads)
+        dtype = np.int32 if jnp.issubdtype(old.aval.dtype, jnp.floating) else np.float32
+        new = C.new_var(old.aval.update(dtype=np.dtype(dtype), weak_type=False))
+        swap = {old: new}
+        eqns = [e.replace(invars=[swap.get(a, a) if isinstance(a, C.Var) else a
+                                  for a in e.invars],
+                          outvars=[swap.get(v, v) for v in e.outvars]) for e in eqns]
+        outvars = [swap.get(a, a) if isinstance(a, C.Var) else a for a in outvars]
+    elif kind == "drop":
+        del eqns[first]
+    elif kind == "duplicate":
+        # a later equation's result renamed to the first one's: one variable bound twice, with
+        # two values (an equation merely repeated, a later pass merges away, harmless)
+        v = next(v for v in eqns[first].outvars if v in reads)
+        later = next(((k, w) for k in range(first + 1, len(eqns)) for w in eqns[k].outvars
+                      if isinstance(w, C.Var) and not C.is_dropvar(w) and w.aval == v.aval),
+                     None)
+        if later is None:
+            eqns.insert(first + 1, eqns[first])
+        else:
+            k, w = later
+            swap = {w: v}
+            eqns[k:] = [e.replace(invars=[swap.get(a, a) if isinstance(a, C.Var) else a
+                                          for a in e.invars],
+                                  outvars=[swap.get(o, o) for o in e.outvars]) for e in eqns[k:]]
+            outvars = [swap.get(a, a) if isinstance(a, C.Var) else a for a in outvars]
+    elif kind == "param":
+        e = eqns[first]
+        params = dict(e.params)
+        name = next((k for k, v in params.items() if isinstance(v, tuple) and v
+                     and all(isinstance(x, int) for x in v)), None)
+        if name is not None:
+            params[name] = params[name] + (99,)
+        else:
+            params["jaxrewrite_fault"] = True
+        eqns[first] = e.replace(params=params)
+    return C.closed(j.replace(eqns=eqns, outvars=outvars), cj.consts)
 
 
 def primitive_counts(cj) -> dict[str, int]:

@@ -230,3 +230,24 @@ def test_flatten_keeps_a_loop_rolled_when_scalarize_declines_the_unrolled_body()
     res = rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
     split = any(e.pass_name == "scalarize" for e in res.report.rewrites)
     assert split or "scan" in primitive_counts(res.jaxpr)
+
+
+@pytest.mark.parametrize("n", [1, 64, 16384, 65536])
+def test_blake2s_written_plainly_equals_hashlib(n):
+    """Issue 38: BLAKE2s written from RFC 7693 (the message schedule as `m[SIGMA[r]]`, the
+    diagonals with `jnp.take`, the counter and final flag with `v.at[12].set`/`v.at[14].set`),
+    vmapped over messages and their lengths, made `optimize` raise at 16,384 messages: the
+    literals pass emitted a uniform table's broadcast with a 1-d core and no dimensions. Every
+    digest equals `hashlib.blake2s`'s, bit for bit jax.jit's, with no warning."""
+    import os
+    import sys
+    import warnings
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import blake2s as B
+    words, lengths, raw = B.messages(n, seed=n)
+    args = (jnp.asarray(words), jnp.asarray(lengths))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no fallback: the rewrite itself is right
+        got = jaxrewrite.optimize(B.hash_all)(*args)
+    assert_bitwise_equal(got, jax.jit(B.hash_all)(*args))
+    assert B.matches_hashlib(got, raw)

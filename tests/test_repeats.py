@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 import jaxrewrite
@@ -175,3 +177,56 @@ def test_small_or_varying_literals_are_left_as_they_are():
     by_value = C.literal(np.tile(np.arange(3, dtype=np.int32), (2048, 1)))  # no view: by value
     core, keep = literals.compact(by_value)
     assert keep == (1,) and np.shape(C.literal_value(core)) == (3,)
+
+
+# --- the literals pass on every rank and pattern of repeated axes (issue 38) ----------------------
+
+@st.composite
+def _repeated_literals(draw):
+    """A literal of 1,024+ elements repeated along some axes (a broadcast view or by value): its
+    shape, which axes repeat, and the values along the others (a scalar core where all do)."""
+    rank = draw(st.integers(1, 4))
+    shape = [draw(st.sampled_from([1, 2, 3, 4, 8, 16, 32, 64])) for _ in range(rank)]
+    big = draw(st.integers(0, rank - 1))
+    shape[big] = max(shape[big], -(-literals.MIN_ELEMENTS // max(1, int(np.prod(shape)) //
+                                                                 shape[big])))
+    repeated = draw(st.lists(st.booleans(), min_size=rank, max_size=rank))
+    dtype = draw(st.sampled_from([np.int32, np.uint32, np.int8, np.float32, np.bool_]))
+    core_shape = tuple(1 if r else n for r, n in zip(repeated, shape))
+    seed = draw(st.integers(0, 2**16))
+    core = np.random.default_rng(seed).integers(0, 100, core_shape).astype(dtype)
+    view = np.broadcast_to(core, tuple(shape))
+    value = view if draw(st.booleans()) else np.array(view)
+    return value
+
+
+@given(_repeated_literals())
+@settings(max_examples=60)
+def test_literals_pass_emits_well_typed_broadcasts_of_any_rank(value):
+    """Every literal the pass compacts becomes a `broadcast_in_dim` that type-checks and holds
+    the literal's bits: a core of any rank, a scalar where every axis repeats (a uniform table:
+    the form that crashed a vmapped BLAKE2s at 16,384 messages)."""
+    from jaxrewrite.report.records import Report
+
+    def f(x):
+        return x, jnp.zeros(value.shape, value.dtype)
+
+    cj = jax.make_jaxpr(f)(jnp.zeros(value.shape, value.dtype))
+    out_var = cj.jaxpr.outvars[1]
+    lit = C.literal(value, C.ShapedArray(value.shape, value.dtype))
+    j = cj.jaxpr.replace(outvars=[cj.jaxpr.outvars[0], lit])
+    j = j.replace(eqns=[e for e in j.eqns if out_var not in e.outvars])
+
+    class Ctx:
+        report = Report()
+    out, changed = literals.run(C.closed(j, cj.consts), Ctx)
+    C.check_jaxpr(out)
+    assert changed == (literals.compact(lit) is not None)
+    if changed:
+        b, = [e for e in out.jaxpr.eqns if e.primitive.name == "broadcast_in_dim"]
+        core = np.asarray(C.literal_value(b.invars[0]))
+        assert core.ndim == len(b.params["broadcast_dimensions"])
+        assert core.size < value.size
+    got = jax.core.eval_jaxpr(out.jaxpr, out.consts, jnp.zeros(value.shape, value.dtype))[1]
+    np.testing.assert_array_equal(np.asarray(got), value)
+    assert np.asarray(got).dtype == value.dtype
