@@ -39,8 +39,9 @@ import _common  # noqa: E402
 
 KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
 # (never_worse: a tool for one generated program at a time, with no table of its own; keccak:
-# the programs bench/permutations.py --keccak measures)
-_NOT_BENCHES = {"run", "never_worse", "keccak"}
+# the programs bench/permutations.py --keccak measures; tpu_costs: the TPU cost rows'
+# measurements, run on the chip)
+_NOT_BENCHES = {"run", "never_worse", "keccak", "tpu_costs"}
 
 
 def discover(only: list[str] | None) -> list[str]:

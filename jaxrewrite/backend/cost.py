@@ -196,6 +196,18 @@ class TargetCosts:
     # CPU: tiles win on split carries (ChaCha20, BLAKE2s); an unsplit 4x4-word ARX loop over
     # 65,536 blocks ran 1.3-8.8x jax.jit tiled. Tests turn it on to exercise the rebuild.
     tile_array_carry: bool = False
+    # Structural forms of a static gather (passes/gathers.py) the target runs slower than the
+    # gather itself. `tile`: the (second-minor, minor) tile XLA pads an array's last two dims
+    # to (None: not modelled); a form whose arrays pad to more elements than its operand is
+    # declined. `max_rev`: longest axis a form may reverse (0: any). TPU v5e (bench/
+    # tpu_costs.py, 65,536 rows, paired medians vs jax.jit, Dec 6): a reshape that splits the
+    # minor axis pads every (8, 128) tile (`x[:, i ^ 1]` on (65,536, 64): reshape (32, 2),
+    # rev, reshape ran 1.25x; the same on the major axis 1.30x; bitonic sorts of 32 and 64
+    # keys, `x[..., i ^ j]`, 1.64x and 1.83x); a rev of the whole minor or major axis of 16-64
+    # elements ran 1.05-1.18x; swapping halves (a rev of an axis of 2, nothing padded)
+    # 0.92-0.97x; XLA:TPU's own gather of such a static permutation ran as fast as anything.
+    tile: tuple | None = None
+    max_rev: int = 0
     # Compute equations per GPU kernel a split region may be cut into (`passes/_segments.py`):
     # XLA's GPU fusion keeps a split region one multi-output fusion up to about this size and
     # cuts a longer one where many values cross. Deviceless H200, 25-word Keccak-f[1600], 16,384
@@ -227,8 +239,10 @@ COSTS: dict[str, TargetCosts] = {
     # 25-word form's kernels where 16 pieces kept every gather, bench/permutations.py --keccak).
     "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32,
                        segment_eqns=1750),
-    # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
-    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
+    # TPU v5e: splitting as the GPU's row (not measured apart from ChaCha20 and the seed
+    # programs, which ran faster split: bench/tpu_costs.py); gathers' forms as measured there
+    # (`tile`, `max_rev`).
+    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2),
 }
 
 
@@ -256,6 +270,38 @@ def update_form_decision(target: str | None, operand_elements: int, updated_elem
     return (f"kept as an in-place update on {target}: it writes {updated_elements} element(s); "
             f"the select form would read and write all {operand_elements} (taken only where "
             "scalarize splits the updated axis)")
+
+
+def padded_elements(shape, tile) -> int:
+    """Elements an array of `shape` holds once its last two dims are padded to `tile`."""
+    shape = tuple(int(n) for n in shape)
+    if len(shape) < 2:
+        shape = (1,) * (2 - len(shape)) + shape
+    lead = 1
+    for n in shape[:-2]:
+        lead *= n
+    return lead * -(-shape[-2] // tile[0]) * tile[0] * -(-shape[-1] // tile[1]) * tile[1]
+
+
+def movement_form_decision(operand_shape, steps, target: str | None) -> str | None:
+    """Why a gather's structural form runs slower than the gather on `target` (None: take
+    it). `steps`: (primitive, output shape, reversed axes' lengths) of each emitted equation."""
+    c = costs(target)
+    if c.tile is not None:
+        base = padded_elements(operand_shape, c.tile)
+        for prim, shape, _ in steps:
+            if padded_elements(shape, c.tile) > base:
+                return (f"its {prim} to {tuple(shape)} pads to {padded_elements(shape, c.tile)} "
+                        f"elements in {c.tile} tiles where the operand pads to {base}: on "
+                        f"{target} the gather runs faster (x[:, i ^ 1] 1.25x, bitonic sorts "
+                        f"1.6-1.8x as forms, bench/tpu_costs.py)")
+    if c.max_rev:
+        for prim, _, revs in steps:
+            if any(n > c.max_rev for n in revs):
+                return (f"it reverses an axis of {max(revs)} elements (more than {c.max_rev}): "
+                        f"on {target} the gather runs faster (rev of 16-64 elements "
+                        f"1.05-1.18x, bench/tpu_costs.py)")
+    return None
 
 
 def scalarize_limit(plan: ScalarizePlan, target: str | None) -> str | None:
@@ -529,7 +575,14 @@ LOOP_COSTS: dict[str, LoopCosts] = {
     # 6,000 equations: Keccak-f[1600]'s 24 rounds (5,328 unrolled) are one region, as its
     # Python loop form is (bench/permutations.py --keccak).
     "gpu": LoopCosts(6000, 1.0, launches_decide=True),
-    "tpu": LoopCosts(4000, 1.0, launches_decide=True),
+    # TPU v5e: a loop unrolled to save launches gains little and compiles long; kept rolled
+    # with its carry split, it runs faster and compiles faster. ChaCha20 (the author's
+    # fori_loop, bench/tpu_costs.py, paired medians vs jax.jit, Dec 6), unrolled and split /
+    # rolled and split: 4,096 blocks run 1.05x / 0.83x, compile 14.9x / 1.8x; 65,536 0.91x /
+    # 0.69x, 5.2x / 0.79x; 262,144 0.68x / 0.39x, 4.3x / 1.2x; 1,048,576 0.23x / 0.15x, 1.5x /
+    # 0.64x. The split's thresholds are the CPU's (not measured apart on the TPU).
+    "tpu": LoopCosts(4000, 1.0, launches_decide=False, split_carry=True,
+                     min_body_permutations=2, min_split_trips=3, min_split_work=5.0),
 }
 
 

@@ -250,6 +250,12 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
         y, = em.call_shared(_moved_form, x, static=(_Keyed(key, form),))
     else:
         y, = em.call(lambda v: _moved_form(v, _Keyed(None, form)), x)
+    why = _cost.movement_form_decision(
+        xa.shape, [(e.primitive.name, e.outvars[0].aval.shape,
+                    [e.outvars[0].aval.shape[d] for d in e.params.get("dimensions", ())]
+                    if e.primitive.name == "rev" else ()) for e in em.eqns], ctx.target)
+    if why is not None:
+        raise Decline(f"structural form kept out: {why}")
     _check_aval(eqn.outvars[0], y)
     ctx.report.applied(NAME, eqn, after=[e.primitive.name for e in em.eqns])
     return em.replacement([y])

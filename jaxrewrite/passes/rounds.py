@@ -1,11 +1,12 @@
-"""Rounds: a Python loop of identical rounds becomes the loop it is (CPU, `reroll="auto"`).
+"""Rounds: a Python loop of identical rounds becomes the loop it is (`reroll="auto"`, on
+targets whose loops keep their carry split: CPU, TPU).
 
     before:  s1 = round s0 ; s2 = round s1 ; ... ; s10 = round s9
              (calls of one body, or repeats of inline code: a Python `for` over rounds; bodies
              that differ only in a scalar literal, a round constant, count as one)
     after:   s10 = scan[length=10]{ s -> round s } s0
 
-only where flatten then carries that loop split (`flatten.carry_split_reason`: the CPU, a carry
+only where flatten then carries that loop split (`flatten.carry_split_reason`: a carry
 whose small axes the body permutes, enough work to pay for the split): the pipeline goes on as
 for the `fori_loop` the rounds could have been written as, its carry split into pieces, its body
 compiled once, tiled where the state outgrows the cache. Unrolled, the same rounds are split as
@@ -29,7 +30,8 @@ from . import flatten, reroll
 
 def run(cj, ctx):
     option = ctx.options.reroll
-    if option is False or option is None or ctx.target != "cpu" or ctx.options.flatten != "auto":
+    if option is False or option is None or ctx.options.flatten != "auto" \
+            or not _cost.loop_costs(ctx.target).split_carry:
         return cj, False
     min_len = reroll.DEFAULT_MIN_LENGTH if option == "auto" else reroll.min_length(option)
     keyer = Keyer()
