@@ -283,24 +283,26 @@ def padded_elements(shape, tile) -> int:
     return lead * -(-shape[-2] // tile[0]) * tile[0] * -(-shape[-1] // tile[1]) * tile[1]
 
 
-def movement_form_decision(operand_shape, steps, target: str | None) -> str | None:
+def movement_form_decision(steps, target: str | None) -> str | None:
     """Why a gather's structural form runs slower than the gather on `target` (None: take
-    it). `steps`: (primitive, output shape, reversed axes' lengths) of each emitted equation."""
+    it). `steps`: (primitive, operand shape, result shape, lengths of the axes it reverses) of
+    each emitted equation. A reshape whose result pads to more elements than its operand
+    (`tile`) or a rev of a long axis (`max_rev`) declines it; transposes, slices, broadcasts
+    and selects are taken (the transposes a batched form puts around its program are layouts
+    XLA assigns)."""
     c = costs(target)
-    if c.tile is not None:
-        base = padded_elements(operand_shape, c.tile)
-        for prim, shape, _ in steps:
-            if padded_elements(shape, c.tile) > base:
-                return (f"its {prim} to {tuple(shape)} pads to {padded_elements(shape, c.tile)} "
-                        f"elements in {c.tile} tiles where the operand pads to {base}: on "
-                        f"{target} the gather runs faster (x[:, i ^ 1] 1.25x, bitonic sorts "
-                        f"1.6-1.8x as forms, bench/tpu_costs.py)")
-    if c.max_rev:
-        for prim, _, revs in steps:
-            if any(n > c.max_rev for n in revs):
-                return (f"it reverses an axis of {max(revs)} elements (more than {c.max_rev}): "
-                        f"on {target} the gather runs faster (rev of 16-64 elements "
-                        f"1.05-1.18x, bench/tpu_costs.py)")
+    for prim, before, after, revs in steps:
+        if prim == "reshape" and c.tile is not None and \
+                padded_elements(after, c.tile) > padded_elements(before, c.tile):
+            return (f"its reshape {tuple(before)} -> {tuple(after)} pads to "
+                    f"{padded_elements(after, c.tile)} elements in {c.tile} tiles, from "
+                    f"{padded_elements(before, c.tile)}: on {target} the gather runs faster "
+                    f"(x[:, i ^ 1] 1.25x, bitonic sorts 1.6-1.8x as such forms, "
+                    f"bench/tpu_costs.py)")
+        if prim == "rev" and c.max_rev and any(n > c.max_rev for n in revs):
+            return (f"it reverses an axis of {max(revs)} elements (more than {c.max_rev}): on "
+                    f"{target} the gather runs faster (a rev of 16-64 elements 1.05-1.18x, "
+                    f"bench/tpu_costs.py)")
     return None
 
 

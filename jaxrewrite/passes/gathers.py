@@ -251,9 +251,9 @@ def _emit_moved(eqn, ctx, x, xa, smap, fill_value, passthrough=None):
     else:
         y, = em.call(lambda v: _moved_form(v, _Keyed(None, form)), x)
     why = _cost.movement_form_decision(
-        xa.shape, [(e.primitive.name, e.outvars[0].aval.shape,
-                    [e.outvars[0].aval.shape[d] for d in e.params.get("dimensions", ())]
-                    if e.primitive.name == "rev" else ()) for e in em.eqns], ctx.target)
+        [(e.primitive.name, e.invars[0].aval.shape, e.outvars[0].aval.shape,
+          [e.outvars[0].aval.shape[d] for d in e.params.get("dimensions", ())]
+          if e.primitive.name == "rev" else ()) for e in em.eqns], ctx.target)
     if why is not None:
         raise Decline(f"structural form kept out: {why}")
     _check_aval(eqn.outvars[0], y)

@@ -1,0 +1,101 @@
+"""The TPU's decisions, checked on any host (`target="tpu"`): CI has no TPU.
+
+Each decision was measured on a TPU v5e (`bench/tpu_costs.py`; figures in `backend/cost.py` and
+docs/measurements.md, "TPU v5e"); these tests keep the structure that measurement chose, and
+run the rewritten program on the host's backend, bit for bit against jax.jit.
+"""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrewrite
+from jaxrewrite import _walk
+from jaxrewrite.backend import cost
+from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import permutations as P  # noqa: E402
+from tpu_costs import bitonic_sort  # noqa: E402
+
+MOVERS = ("rev", "reshape", "transpose", "concatenate", "slice")
+
+
+def _rewrite(fn, *args, **options):
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **options)
+
+
+def _scans(cj):
+    return [e for e in _walk.iter_eqns(cj) if e.primitive.name == "scan"]
+
+
+@pytest.mark.parametrize("kind", ["fori", "python"])
+def test_chacha_stays_a_loop_with_its_words_carried(kind):
+    """ChaCha20 as its author wrote it, on the TPU: the loop is kept (unrolled it compiled 5-15x
+    jax.jit's for a smaller gain) with its state carried as 16 words; a Python loop of the
+    double rounds is rolled into that loop first."""
+    keys = P._blocks(4096)
+    f = jax.vmap(P.chacha_loop(kind))
+    res = _rewrite(f, keys, target="tpu")
+    counts = primitive_counts(res.jaxpr)
+    assert "gather" not in counts and "while" not in counts, counts
+    (scan,) = _scans(res.jaxpr)
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    assert scan.params["length"] == 10
+    assert sum(1 for v in scan.invars[nc:nc + nk] if v.aval.shape == (4096,)) == 16
+    got = jaxrewrite.optimize(f, target="tpu")(keys)
+    assert_bitwise_equal(got, jax.jit(f)(keys))
+    np.testing.assert_array_equal(np.asarray(got)[0], P.RFC_OUT)
+
+
+@pytest.mark.parametrize("keys", [32, 64])
+def test_bitonic_sort_keeps_its_gathers_on_the_tpu(keys):
+    """`x[..., i ^ j]` as a reshape, rev, reshape pads every (8, 128) tile on the TPU (bitonic
+    sorts ran 1.64x / 1.83x): the gathers stay, each with the reason; the CPU takes the forms."""
+    x = jnp.asarray(np.random.default_rng(keys).integers(-2**31, 2**31, (4096, keys),
+                                                         dtype=np.int32))
+    tpu = _rewrite(bitonic_sort, x, target="tpu")
+    counts = primitive_counts(tpu.jaxpr)
+    stages = {32: 15, 64: 21}[keys]
+    assert counts.get("gather") == stages and not any(p in counts for p in ("rev", "reshape"))
+    reasons = [d.reason for d in tpu.report.declines if d.pass_name == "gathers"]
+    assert len(reasons) == stages and all("tiles" in r or "reverses" in r for r in reasons)
+    cpu = primitive_counts(_rewrite(bitonic_sort, x, target="cpu").jaxpr)
+    assert "gather" not in cpu and cpu.get("rev") == stages
+    assert_bitwise_equal(jaxrewrite.optimize(bitonic_sort, target="tpu")(x),
+                         jax.jit(bitonic_sort)(x))
+
+
+@pytest.mark.parametrize("name,perm,kept", [
+    ("rev", np.arange(64)[::-1].copy(), True),          # reverses 64 elements
+    ("swap pairs", np.arange(64) ^ 1, True),            # (32, 2): pads the minor axis
+    ("swap halves", np.arange(64) ^ 32, True),          # (2, 32): pads it too
+])
+def test_minor_axis_forms_that_pad_or_reverse_stay_gathers(name, perm, kept):
+    x = jnp.zeros((65536, 64), jnp.uint32)
+    f = lambda v: v[:, perm] ^ (v >> 3)  # noqa: E731
+    counts = primitive_counts(_rewrite(f, x, target="tpu").jaxpr)
+    assert ("gather" in counts) == kept, counts
+    assert "gather" not in primitive_counts(_rewrite(f, x, target="gpu").jaxpr)
+
+
+def test_a_slice_of_the_major_axis_is_still_taken():
+    """What pads nothing and reverses nothing is data movement on the TPU too."""
+    x = jnp.zeros((64, 4096), jnp.float32)
+    f = lambda v: v[np.arange(8, 40)] * 2  # noqa: E731
+    counts = primitive_counts(_rewrite(f, x, target="tpu").jaxpr)
+    assert "gather" not in counts and counts.get("slice") == 1
+
+
+def test_padded_elements_model():
+    assert cost.padded_elements((65536, 64), (8, 128)) == 65536 * 128
+    assert cost.padded_elements((65536, 32, 2), (8, 128)) == 65536 * 32 * 128
+    assert cost.padded_elements((16,), (8, 128)) == 8 * 128
+    pairs = [("reshape", (65536, 64), (65536, 32, 2), ())]
+    assert cost.movement_form_decision(pairs, "tpu") is not None
+    assert cost.movement_form_decision(pairs, "cpu") is None
+    assert cost.movement_form_decision([("rev", (2, 8, 128), (2, 8, 128), (2,))], "tpu") is None
+    assert cost.movement_form_decision([("rev", (64, 128), (64, 128), (64,))], "tpu")
