@@ -1,7 +1,7 @@
 """The rewrite's own cost: optimize's trace+lower against jax.jit's, and where the rewrite's time
 goes, pass by pass.
 
-    python bench/rewrite_cost.py [--quick] [--scatter]
+    python bench/rewrite_cost.py [--quick] [--scatter] [--final-check]
 
 Cases (builders shared with bench/dedup.py and bench/scale.py):
 * `closures`: N fresh `jax.jit` closures of an 8-step body (N = 8, 16, 50);
@@ -12,6 +12,9 @@ Cases (builders shared with bench/dedup.py and bench/scale.py):
   and `x.at[:, 3, 0].add(1)` on a (N, 4, 4) uint32 state, N = 1,024, 16,384, 65,536 rows: the
   gathers pass analyses one window, so the rewrite stays flat in N (`--scatter`: these rows only,
   printed, results file untouched).
+
+`--final-check`: what the rewritten program's final check costs, a share of the rewrite
+(`final_check_rows`), printed.
 
 Columns: trace+lower medians (paired: jit, optimize, jit, ...; caches cleared before each, so
 constant folding pays any compile it needs every time, as in a fresh process), their ratio, the
@@ -103,8 +106,44 @@ def main(quick: bool = False) -> list[dict]:
     return rows + scatter_rows(reps)
 
 
+def final_check_rows(repeats: int = 5) -> list[dict]:
+    """What the rewritten program's final check costs (issue 38: at most 5% of the rewrite, or
+    it is not on by default): the largest bench programs, the size program of 100 and 1,000
+    blocks and bench/models.py's 32-layer training steps (where flax, equinox and optax are
+    installed), with the defaults and with reroll=True."""
+    import importlib.util
+    import scale as S
+    from jaxrewrite import _pipeline
+    from jaxrewrite._options import Options
+    cases = [(f"size, {nb} blocks", lambda nb=nb: (S.size_program(nb), [jnp.linspace(0, 1, 4)]))
+             for nb in (100, 1000)]
+    if all(importlib.util.find_spec(m) for m in ("flax", "equinox", "optax")):
+        import models as M
+        cases += [(f"{m} step, 32 layers", lambda m=m: M.build(m, 32))
+                  for m in ("linen", "nnx", "equinox")]
+    rows = []
+    for case, make in cases:
+        fn, args = make()
+        cj = jax.make_jaxpr(fn)(*args)
+        for opts in ({}, {"reroll": True}):
+            rw, fc = [], []
+            for _ in range(repeats):
+                r = _pipeline.rewrite(cj, Options.make(**opts))
+                rw.append(r.report.timings["rewrite"])
+                fc.append(r.report.timings.get("final_check", 0.0))
+            out = dict(case=case, options=str(opts or "defaults"),
+                       rewrite_ms=1e3 * statistics.median(rw),
+                       final_check_ms=1e3 * statistics.median(fc),
+                       share=statistics.median(c / w for c, w in zip(fc, rw)))
+            print(_common.markdown_table([out]).splitlines()[-1], file=sys.stderr, flush=True)
+            rows.append(out)
+    return rows
+
+
 if __name__ == "__main__":
-    if "--scatter" in sys.argv[1:]:
+    if "--final-check" in sys.argv[1:]:
+        print(_common.markdown_table(final_check_rows()))
+    elif "--scatter" in sys.argv[1:]:
         print(_common.markdown_table(scatter_rows(3 if "--quick" in sys.argv[1:] else 7),
                                      COLUMNS))
     else:

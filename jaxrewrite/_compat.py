@@ -138,6 +138,36 @@ def join_effects(jaxpr: Jaxpr, eqns) -> Any:
     return frozenset(e for e in effs if not isinstance(e, _effects.JaxprInputEffect)) | keep
 
 
+def eqn_typing_error(eqn) -> str | None:
+    """Why `eqn` is ill typed (its literals, its primitive's typing rule on its operands' avals
+    against its results' avals, as `check_jaxpr` checks each equation), or None. Nested jaxprs
+    are checked where the primitive's own rule checks them (jit, scan, while, cond)."""
+    try:
+        for a in eqn.invars:
+            if isinstance(a, Literal) and not _core.typecheck(a.aval, a.val):
+                return f"{eqn.primitive.name}: a literal does not match its type {a.aval}"
+        prim = eqn.primitive
+
+        def ctx_factory():
+            return _core.JaxprPpContext(), _core.JaxprPpSettings()
+        with eqn.ctx.manager:
+            if prim in _core.custom_typechecks:
+                out, _ = _core.custom_typechecks[prim](ctx_factory, *eqn.invars, **eqn.params)
+            elif prim.call_primitive:
+                out, _ = _core._check_call(ctx_factory, prim, eqn.invars, eqn.params)
+            else:
+                out, _ = _core.check_eqn(prim, [a.aval for a in eqn.invars], eqn.params)
+        out = [getattr(o, "aval", o) for o in out]
+        if len(out) != len(eqn.outvars):
+            return f"{prim.name}: {len(out)} results for {len(eqn.outvars)} binders"
+        for v, o in zip(eqn.outvars, out):
+            if not _core.typematch(v.aval, o):
+                return f"{prim.name}: a result typed {o} is bound as {v.aval}"
+    except Exception as e:  # noqa: BLE001 - the typing rule's own complaint
+        return f"{eqn.primitive.name}: {type(e).__name__}: {e}"
+    return None
+
+
 def check_jaxpr(jaxpr) -> None:
     """Raise `JaxprTypeError` if `jaxpr` (open or closed) is not well typed."""
     j = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr

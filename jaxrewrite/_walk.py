@@ -210,6 +210,24 @@ def binding_error(cj) -> str | None:
     return None
 
 
+def typing_error(after, before, only: frozenset | None = None) -> str | None:
+    """Why an equation of `after` that is not one of `before`'s (a rewrite made it) is ill
+    typed, or None: its primitive's typing rule against its result types, as `check_jaxpr`
+    checks it, on the new equations alone (levels and equations kept from `before` were typed
+    by JAX when it traced them); `only`: the primitives to check (None: all)."""
+    old_levels = {id(j) for j in iter_jaxprs(before)}
+    old_eqns = {id(e) for e in iter_eqns(before)}
+    for j in iter_jaxprs(after):
+        if id(j) in old_levels:
+            continue
+        for e in (j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns:
+            if id(e) not in old_eqns and (only is None or e.primitive.name in only):
+                why = C.eqn_typing_error(e)
+                if why is not None:
+                    return why
+    return None
+
+
 def count_eqns(cj) -> int:
     return sum(len((j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns)
                for j in iter_jaxprs(cj))

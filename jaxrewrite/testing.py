@@ -228,10 +228,14 @@ def inject_fault(pass_name: str, kind: str):
     | kind        | the pass's output                                                       |
     | ----------- | ----------------------------------------------------------------------- |
     | "shape"     | its first output replaced by an input (or a constant) of another shape   |
-    | "dtype"     | its first equation's first result re-typed (another dtype), uses kept    |
-    | "drop"      | its first equation whose results are read, removed                       |
-    | "duplicate" | a later equation's result renamed to its first one's (bound twice)       |
-    | "param"     | its first equation given an invalid parameter                            |
+    | "dtype"     | the first equation on its data path binds a variable of another dtype    |
+    |             | in place of its result (whose uses are kept)                             |
+    | "drop"      | that equation removed                                                    |
+    | "duplicate" | a later equation's result renamed to that one's (bound twice)            |
+    | "param"     | the first such equation with a shape or axis parameter given an invalid  |
+    |             | one                                                                      |
+
+    (its data path: equations that read the program's inputs, whose results are read)
     | "raise"     | an exception raised after the pass ran                                   |
 
     The damage is done the first time the pass runs in a rewrite. The program must still return
@@ -269,7 +273,16 @@ def _damage(cj, kind: str):
     eqns, outvars = list(j.eqns), list(j.outvars)
     reads = {a for e in eqns for a in e.invars if isinstance(a, C.Var)} | {
         a for a in outvars if isinstance(a, C.Var)}
-    first = next((k for k, e in enumerate(eqns) if any(v in reads for v in e.outvars)), None)
+    # the first equation on the data path (it reads the inputs, its results are read): damage
+    # to a constant's equation may be folded away before it matters
+    live = set(j.invars)
+    path = []
+    for k, e in enumerate(eqns):
+        if any(isinstance(a, C.Var) and a in live for a in e.invars):
+            live.update(e.outvars)
+            if any(v in reads for v in e.outvars):
+                path.append(k)
+    first = path[0] if path else None
     if kind == "shape" or first is None:
         shape = tuple(outvars[0].aval.shape)
         other = next((v for v in j.invars if tuple(v.aval.shape) != shape), None)
@@ -277,14 +290,11 @@ def _damage(cj, kind: str):
             other = C.literal(np.zeros(shape + (2,), np.float32))
         outvars[0] = other
     elif kind == "dtype":
-        old = next(v for v in eqns[first].outvars if v in reads)
+        e = eqns[first]
+        old = next(v for v in e.outvars if v in reads)
         dtype = np.int32 if jnp.issubdtype(old.aval.dtype, jnp.floating) else np.float32
         new = C.new_var(old.aval.update(dtype=np.dtype(dtype), weak_type=False))
-        swap = {old: new}
-        eqns = [e.replace(invars=[swap.get(a, a) if isinstance(a, C.Var) else a
-                                  for a in e.invars],
-                          outvars=[swap.get(v, v) for v in e.outvars]) for e in eqns]
-        outvars = [swap.get(a, a) if isinstance(a, C.Var) else a for a in outvars]
+        eqns[first] = e.replace(outvars=[new if v is old else v for v in e.outvars])
     elif kind == "drop":
         del eqns[first]
     elif kind == "duplicate":
@@ -304,15 +314,21 @@ def _damage(cj, kind: str):
                                   outvars=[swap.get(o, o) for o in e.outvars]) for e in eqns[k:]]
             outvars = [swap.get(a, a) if isinstance(a, C.Var) else a for a in outvars]
     elif kind == "param":
-        e = eqns[first]
-        params = dict(e.params)
-        name = next((k for k, v in params.items() if isinstance(v, tuple) and v
-                     and all(isinstance(x, int) for x in v)), None)
-        if name is not None:
+        # a shape, dimensions or axis parameter made invalid (an elementwise equation has none,
+        # and its lowering ignores a parameter it does not know: harmless)
+        def corruptible(e):
+            return next((k for k, v in e.params.items() if (isinstance(v, tuple) and v and all(
+                isinstance(x, int) for x in v)) or (type(v) is int)), None)
+        k = next((k for k in path if corruptible(eqns[k]) is not None), first)
+        e = eqns[k]
+        params, name = dict(e.params), corruptible(e)
+        if name is None:
+            params["jaxrewrite_fault"] = True
+        elif isinstance(params[name], tuple):
             params[name] = params[name] + (99,)
         else:
-            params["jaxrewrite_fault"] = True
-        eqns[first] = e.replace(params=params)
+            params[name] = -7
+        eqns[k] = e.replace(params=params)
     return C.closed(j.replace(eqns=eqns, outvars=outvars), cj.consts)
 
 
