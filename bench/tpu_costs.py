@@ -243,15 +243,22 @@ def _block(p, x, heads):
 
 
 def transformer_step(layers: int, d: int, seq: int, batch: int, vocab: int = 1024,
-                     heads: int = 8):
+                     heads: int = 8, scanned: bool = False):
+    """(step, args): Adam on a transformer LM's loss, its layers in a Python loop or, with
+    `scanned`, in `lax.scan` over stacked layer parameters as a user writes it by hand."""
     key = jax.random.key(0)
     params = {"emb": jax.random.normal(key, (vocab, d)) * 0.02,
               "layers": [_layer_params(jax.random.fold_in(key, i), d, 4 * d)
                          for i in range(layers)]}
 
+    if scanned:
+        params["layers"] = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *params["layers"])
+
     def loss(p, tok):
         x = p["emb"][tok]
-        for lp in p["layers"]:
+        if scanned:
+            x = jax.lax.scan(lambda x, lp: (_block(lp, x, heads), None), x, p["layers"])[0]
+        for lp in ([] if scanned else p["layers"]):
             x = _block(lp, x, heads)
         logits = x @ p["emb"].T
         lp_ = jax.nn.log_softmax(logits[:, :-1])
@@ -279,7 +286,10 @@ def reroll(quick: bool) -> None:
     sizes = ((2, 64, 32, 2),) if quick else tuple((n, 512, 256, 16) for n in LAYERS)
     for layers, d, seq, batch in sizes:
         step, args = transformer_step(layers, d, seq, batch)
+        scan_step, scan_args = transformer_step(layers, d, seq, batch, scanned=True)
         forms = {"jit": (lambda: jax.jit(lambda *a: step(*a)), {}),
+                 "jit, layers in lax.scan by hand": (lambda: jax.jit(lambda *a: scan_step(*a)),
+                                                     {}),
                  "optimize": (lambda: jaxrewrite.optimize(lambda *a: step(*a)), {}),
                  "optimize reroll=True": (lambda: jaxrewrite.optimize(lambda *a: step(*a),
                                                                       reroll=True), {}),
@@ -291,13 +301,15 @@ def reroll(quick: bool) -> None:
             jax.clear_caches()
             f = make()
             t = time.perf_counter()
+            a = scan_args if "by hand" in form else args
             with candidate_row(**row):
-                out = _common.block(f(*args))
+                out = _common.block(f(*a))
             first[form] = time.perf_counter() - t
             fns[form] = f
             losses[form] = float(out[0])
-        runs = _common.paired({k: (lambda f: lambda: f(*args))(f) for k, f in fns.items()},
-                              repeats=5 if not quick else 3)
+        runs = _common.paired({k: (lambda f, a: lambda: f(*a))(
+            f, scan_args if "by hand" in k else args) for k, f in fns.items()},
+            repeats=5 if not quick else 3)
         for form in forms:
             _row(section="reroll", program=f"transformer step, {layers} layers", size=(d, seq,
                                                                                        batch),
