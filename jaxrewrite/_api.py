@@ -9,10 +9,12 @@ arguments, shardings, `.lower()`, `.trace()`, caching and fast dispatch) is `jax
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import inspect
 import threading
 import time
+import warnings
 import weakref
 from typing import Callable
 
@@ -20,6 +22,7 @@ import jax
 
 from . import _compat as C
 from . import _pipeline
+from . import _walk
 from .report import log as _log
 from ._options import NAMES, Options
 from .report.records import logger
@@ -125,6 +128,7 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
     # Shardings jax.jit is given: whether the program is partitioned over several devices.
     shardings = tuple((jit_kw or {}).get(k) for k in ("in_shardings", "out_shardings"))
     C.install_jit_trace()  # where the rewrite's compile options reach the jit (once)
+    C.install_lowering_guard(_lowering_failed)  # a program that fails to lower runs as traced
 
     @functools.wraps(fun, updated=())  # not fun.__dict__: it holds optimize's wrapper store
     def wrapped(*args, **kwargs):
@@ -157,11 +161,66 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
         logger.debug("optimize(%s): %s", getattr(fun, "__name__", fun), dict(result.report.counts))
         if result.compile_options:  # applied where this jit is called outermost: see _compat
             C.request_compile_options(wrapped, result.compile_options)
-        outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)
+        if result.changed:
+            C.request_lowering_fallback(wrapped, cj, _Fallback(fun, result.last_pass, options,
+                                                               result.report))
+        try:
+            outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)
+        except Exception as err:  # noqa: BLE001 - contained: the program as traced runs
+            if options.strict or not result.changed:
+                raise
+            _warn_fallback(fun, result.last_pass, "could not be staged", err)
+            result.report.errors.append(f"staging: {type(err).__name__}: {err}")
+            outs = C.eval_jaxpr(cj, *dyn_vals)
         return jax.tree_util.tree_unflatten(out_tree[-1], outs)
 
     wrapped.__jaxrewrite_options__ = options
     return wrapped
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fallback:
+    """What the lowering guard says of a rewritten program that fails to lower or compile."""
+    fun: Callable
+    last_pass: str | None
+    options: Options
+    report: object  # the rewrite's Report: the failure is recorded there too (explain shows it)
+
+
+def _lowering_failed(jaxpr, err: Exception, stage: str):
+    """`_compat`'s lowering guard: the program to lower in place of `jaxpr`, which could not
+    be `stage` ("lowered" or "compiled": `err` says why). Where `jaxpr` is, or holds, a
+    rewritten program: the program as traced before the rewrite, with one warning. Re-raises
+    `err` where there is none, or `strict=True` was asked for."""
+    hit = C.lowering_fallback(jaxpr)
+    if hit is None:  # a rewritten program inside another jit's: each replaced where it sits
+        found = []
+
+        def swap(c):
+            h = C.lowering_fallback(c)
+            if h is None:
+                return c
+            found.append(h[1])
+            return h[0]
+
+        instead = _walk.map_jaxprs(jaxpr, swap)
+        if not found:
+            raise err
+        hit = (instead, found[0])
+    instead, info = hit
+    if info.options.strict:
+        raise err
+    _warn_fallback(info.fun, info.last_pass, f"could not be {stage}", err)
+    info.report.errors.append(f"the rewritten program could not be {stage} "
+                              f"({type(err).__name__}: {err}); the original program ran")
+    return instead
+
+
+def _warn_fallback(fun, last_pass, what: str, err: Exception) -> None:
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
+    warnings.warn(f"jaxrewrite: the rewritten program of {name} {what} ({type(err).__name__}: "
+                  f"{err}); the last pass to change it: '{last_pass}'; running the original "
+                  f"program", RuntimeWarning, stacklevel=C.user_stacklevel())
 
 
 _LAST = threading.local()
@@ -182,7 +241,7 @@ def rewrite_jaxpr_with_report(closed_jaxpr: C.ClosedJaxpr, **options) -> _pipeli
     if not isinstance(closed_jaxpr, C.ClosedJaxpr):
         raise TypeError(f"rewrite_jaxpr expects a ClosedJaxpr (from jax.make_jaxpr), got "
                         f"{type(closed_jaxpr).__name__}")
-    return _pipeline.rewrite(closed_jaxpr, Options.make(**options))
+    return _pipeline.rewrite(closed_jaxpr, Options.make(**options), check="types")
 
 
 def make_jaxpr(fun: Callable, static_argnums=(), **options):
@@ -194,6 +253,6 @@ def make_jaxpr(fun: Callable, static_argnums=(), **options):
     @functools.wraps(fun)
     def run(*args, **kwargs):
         cj = jax.make_jaxpr(fun, static_argnums=static_argnums)(*args, **kwargs)
-        return _pipeline.rewrite(cj, opts).jaxpr
+        return _pipeline.rewrite(cj, opts, check="types").jaxpr
 
     return run

@@ -267,6 +267,22 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _siu.register_exclusion(_PKG_DIR)  # jaxrewrite's own frames are not the user's line
 
 
+_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                  for m in (jax, np) if getattr(m, "__file__", None))
+
+
+def user_stacklevel() -> int:
+    """`warnings.warn(..., stacklevel=user_stacklevel())`, called in a function of jaxrewrite,
+    names the first frame outside jaxrewrite, JAX and numpy: the user's line that called the
+    program, however deep in JAX's dispatch the warning is raised."""
+    import sys
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith((_PKG_DIR + os.sep,
+                                                                     *_JAX_DIRS)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def user_location(eqn) -> str | None:
     """`file.py:line` of the user's frame that produced `eqn`, or None."""
     return source_location(eqn.source_info)
@@ -458,6 +474,26 @@ def aval_key(aval) -> tuple:
     return (type(aval).__name__, getattr(aval, "shape", None), str(getattr(aval, "dtype", None)),
             getattr(aval, "weak_type", None), str(getattr(aval, "sharding", "")),
             str(getattr(aval, "memory_space", "")))
+
+
+def signature_difference(before: ClosedJaxpr, after: ClosedJaxpr) -> str | None:
+    """Where `after` takes or gives other values than `before` (count, shape, dtype, weak type,
+    sharding, memory space of each input and output), said for a warning; None: the same."""
+    for side, a, b in (("input", before.jaxpr.invars, after.jaxpr.invars),
+                       ("output", before.jaxpr.outvars, after.jaxpr.outvars)):
+        if len(a) != len(b):
+            return f"{len(a)} {side}s became {len(b)}"
+        for i, (u, v) in enumerate(zip(a, b)):
+            if u is v or u.aval is v.aval:  # (most are: a rewrite keeps inputs, and avals)
+                continue
+            ku, kv = aval_key(u.aval), aval_key(v.aval)
+            if ku != kv:
+                what = [n for n, x, y in zip(_AVAL_KEY_PARTS, ku, kv) if x != y]
+                return f"{side} {i}: {u.aval} became {v.aval} ({', '.join(what)})"
+    return None
+
+
+_AVAL_KEY_PARTS = ("kind", "shape", "dtype", "weak type", "sharding", "memory space")
 
 
 def enable_x64(flag: bool = True):
@@ -682,7 +718,7 @@ def hook_jit_trace(hook: Callable) -> bool:
 #   options on a nested jit, and the cached params serve both uses). An option the jit was given
 #   is left as it is.
 
-_TRACING = _threading.local()  # .frames: [jit's function, options asked for], outermost first
+_TRACING = _threading.local()  # .frames: [jit's function, options asked for, fallback]
 _WANTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # traced jaxpr -> options
 _INSTALL = _threading.Lock()
 
@@ -702,16 +738,18 @@ def install_jit_trace() -> bool:
             frames = getattr(_TRACING, "frames", None)
             if frames is None:
                 frames = _TRACING.frames = []
-            frame = [fun, None]
+            frame = [fun, None, None]
             frames.append(frame)
             try:
                 result = infer(fun, jit_info, *rest, **kw)
             finally:
                 frames.pop()
-            if frame[1] is None and not _WANTED:
+            if frame[1] is None and frame[2] is None and not _WANTED:
                 return result
             params, args = result  # (PjitParams, flat args), as JAX 0.9-0.10 return them
             jaxpr = params.params.get("jaxpr")
+            if frame[2] is not None and jaxpr is not None:
+                _keep_lowering_fallback(jaxpr, *frame[2])
             if frame[1] is not None and jaxpr is not None:
                 _WANTED[jaxpr] = frame[1]
             wanted = _WANTED.get(jaxpr) if jaxpr is not None else None
@@ -725,17 +763,131 @@ def install_jit_trace() -> bool:
         return True
 
 
-def request_compile_options(fun, options: dict) -> bool:
-    """Ask that the jit tracing `fun` be compiled with `options` (XLA debug options) wherever
-    it is called outermost. True if the innermost jit being traced in this thread is `fun`'s:
-    it traces `fun` (`optimize`) or the function `fun` wraps (the switch traces `fun` in its
-    place)."""
+def _tracing_frame(fun):
+    """The innermost jit being traced in this thread, where it traces `fun` (`optimize`) or
+    the function `fun` wraps (the switch traces `fun` in its place); else None."""
     frames = getattr(_TRACING, "frames", None)
     if not frames or not (frames[-1][0] is fun or frames[-1][0] is getattr(fun, "__wrapped__",
                                                                            None)):
+        return None
+    return frames[-1]
+
+
+def request_compile_options(fun, options: dict) -> bool:
+    """Ask that the jit tracing `fun` be compiled with `options` (XLA debug options) wherever
+    it is called outermost. True if the innermost jit being traced in this thread is `fun`'s."""
+    frame = _tracing_frame(fun)
+    if frame is None:
         return False
-    frames[-1][1] = dict(options)
+    frame[1] = dict(options)
     return True
+
+
+# --- a rewritten program that fails to lower or compile runs as traced ----------------------
+#
+# The rewrite runs inside jax.jit's trace; what JAX lowers later is the jit's own jaxpr, made
+# from the rewritten program. The rewrite registers the program it started from on the jit being
+# traced (`request_lowering_fallback`); the `_infer_params` wrapper keeps it against that jit's
+# traced jaxpr (`_FALLBACK`), where the two take and give the same values. Every call and every
+# `.lower()` of a jit reaches `pjit._resolve_and_lower(args, jaxpr, ...)` (read from JAX 0.10.2:
+# `_pjit_call_impl_python`, `stages.Traced.lower`); its wrapper (`install_lowering_guard`) asks
+# `on_failure(jaxpr, err, stage)` for the program to lower instead where lowering raises, or
+# where compiling a registered program does (`stage` says which), and lowers that. A jaxpr that
+# failed once is lowered as its replacement straight away after.
+
+_FALLBACK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> (original, info)
+_INSTEAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # failed jaxpr -> replacement
+
+
+def request_lowering_fallback(fun, original: ClosedJaxpr, info) -> bool:
+    """Where the jit being traced for `fun` (as `request_compile_options` finds it) later fails
+    to lower or compile, lower `original` (the program as traced, before the rewrite) instead;
+    `info` goes to `on_failure`. True if that jit was found."""
+    frame = _tracing_frame(fun)
+    if frame is None:
+        return False
+    frame[2] = (original, info)
+    return True
+
+
+def _keep_lowering_fallback(jaxpr: ClosedJaxpr, original: ClosedJaxpr, info) -> None:
+    # The jit's jaxpr takes the dynamic arguments in `original`'s order and gives its outputs;
+    # where it does not (closed-over tracers became inputs), nothing is kept.
+    if signature_difference(original, jaxpr) is not None:
+        return
+    _FALLBACK[jaxpr] = (closed(original.jaxpr.replace(debug_info=jaxpr.jaxpr.debug_info),
+                               original.consts), info)
+
+
+def lowering_fallback(jaxpr) -> tuple | None:
+    """(the program to lower in place of `jaxpr`, info) where `jaxpr` is a jit's traced
+    program that a rewrite made; else None."""
+    try:
+        return _FALLBACK.get(jaxpr)
+    except TypeError:  # not weakly referenceable: not one of ours
+        return None
+
+
+def install_lowering_guard(on_failure: Callable) -> bool:
+    """Wrap `pjit._resolve_and_lower` (once); False where this JAX has none (< 0.9).
+    `on_failure(jaxpr, err, stage)` returns the jaxpr to lower instead, or raises."""
+    from jax._src import pjit as _pjit
+    with _INSTALL:
+        lower = getattr(_pjit, "_resolve_and_lower", None)
+        if lower is None or not has_jit_trace_hook():  # pragma: no cover - JAX < 0.9
+            return False
+        if getattr(lower, "__jaxrewrite_hook__", False):
+            return True
+
+        def lower_as(jaxpr, args, kw):
+            if "jaxpr" in kw:
+                return lower(*args, **{**kw, "jaxpr": jaxpr})
+            return lower(args[0], jaxpr, *args[2:], **kw)
+
+        def _resolve_and_lower(*args, **kw):
+            if not _FALLBACK:  # no rewritten program lives: JAX's own path
+                return lower(*args, **kw)
+            jaxpr = kw["jaxpr"] if "jaxpr" in kw else args[1]
+            instead = _INSTEAD.get(jaxpr)
+            if instead is not None:
+                return lower_as(instead, args, kw)
+            try:
+                computation = lower(*args, **kw)
+            except Exception as err:  # noqa: BLE001 - on_failure re-raises what it cannot mend
+                instead = on_failure(jaxpr, err, "lowered")
+                computation = lower_as(instead, args, kw)
+                _INSTEAD[jaxpr] = instead
+                return computation
+            if jaxpr in _FALLBACK:
+                _guard_compile(computation, jaxpr, lambda j: lower_as(j, args, kw), on_failure)
+            return computation
+
+        _resolve_and_lower.__wrapped__ = lower
+        _resolve_and_lower.__jaxrewrite_hook__ = True
+        _pjit._resolve_and_lower = _resolve_and_lower
+        return True
+
+
+def _guard_compile(computation, jaxpr, lower_instead: Callable, on_failure: Callable) -> None:
+    """Have `computation.compile` (a rewritten program's) compile the fallback where XLA
+    rejects the rewritten one. The lowering is cached by JAX and shared: patched once."""
+    compile_ = getattr(computation, "compile", None)
+    if compile_ is None or getattr(compile_, "__jaxrewrite_hook__", False):
+        return
+
+    def compile_or_fallback(*a, **k):
+        try:
+            return compile_(*a, **k)
+        except Exception as err:  # noqa: BLE001 - on_failure re-raises what it cannot mend
+            instead = on_failure(jaxpr, err, "compiled")
+            _INSTEAD[jaxpr] = instead
+            return lower_instead(instead).compile(*a, **k)
+
+    compile_or_fallback.__jaxrewrite_hook__ = True
+    try:
+        computation.compile = compile_or_fallback
+    except AttributeError:  # pragma: no cover - another JAX's lowering object: unguarded
+        pass
 
 
 def _with_compile_options(params, wanted: dict):

@@ -50,9 +50,10 @@ def gather_map(cache: dict | None, operand_shape, idx, dimension_numbers, slice_
 
 
 def array_key(a) -> tuple:
-    """A hashable key for an array's value: dtype, shape and bytes."""
-    a = np.ascontiguousarray(a)
-    return (a.dtype.str, a.shape, a.tobytes())
+    """A hashable key for an array's value: dtype, shape and bytes (a scalar's shape is (),
+    not the (1,) `np.ascontiguousarray` gives it)."""
+    a = np.asarray(a)
+    return (a.dtype.str, a.shape, np.ascontiguousarray(a).tobytes())
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -37,8 +37,9 @@ def core(v: np.ndarray, axes: Sequence[int] | None = None) -> np.ndarray:
 
 def row(v: np.ndarray, axes) -> np.ndarray:
     """`v` at index 0 along `axes`, those axes dropped: one copy of a table repeated along them,
-    contiguous."""
-    return np.ascontiguousarray(v[tuple(0 if d in axes else slice(None) for d in range(v.ndim))])
+    contiguous, of rank `v.ndim - len(axes)` (a scalar where every axis repeats:
+    `np.ascontiguousarray` would make it 1-d)."""
+    return np.array(v[tuple(0 if d in axes else slice(None) for d in range(v.ndim))], order="C")
 
 
 def expand(c: np.ndarray, shape) -> np.ndarray:
