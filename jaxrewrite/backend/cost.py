@@ -204,6 +204,21 @@ class TargetCosts:
     # kernels (not 3): so the cut is only proposed, and taken where `autotune=True` counts
     # fewer launches. 0: never cut.
     segment_eqns: int = 0
+    # --- batched updates (passes/batched_updates.py) ---
+    # Scatters with batching dims (`vmap` of `dynamic_update_slice`, or of `.at[i].set(v)` at a
+    # per-example index) as one select on an iota mask per window position. XLA:TPU runs such a
+    # scatter as a while loop over the batch (jax-ml/jax#21367, openxla/xla#12982). TPU v5e,
+    # (8192, 256) f32, 8-wide windows at per-row starts: jax.jit 23.7 ms (about 2.9 us a trip);
+    # 8 selects 0.58 ms, bit for bit (about 0.035 ns per element and select). Every select reads
+    # the whole operand, so the form is taken where one example's operand elements times the
+    # window positions (selects) is at most `batched_update_max_work` (2,048 there; about 84,000
+    # would cost as much as a trip; the TPU row takes 16,384, a fifth of that, as the margin of
+    # one measurement), and the positions at most `batched_update_max_positions` (each is
+    # equations: compile time). 0: never (CPU: XLA updates in place; GPU: XLA makes one
+    # scatter kernel, the issue's own GPU HLO).
+    batched_update_max_positions: int = 0
+    batched_update_max_work: int = 0
+    # --- end batched updates ---
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -228,7 +243,8 @@ COSTS: dict[str, TargetCosts] = {
     "gpu": TargetCosts(16, 32, 24.0, 40_000, 1.0, 1.0, scatter_concat_pieces=8, cost_axis=32,
                        segment_eqns=1750),
     # TPU: the GPU's rules (fusion decisions alike: concatenates end fusions), not measured.
-    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0),
+    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0,
+                       batched_update_max_positions=64, batched_update_max_work=1 << 14),
 }
 
 
@@ -256,6 +272,26 @@ def update_form_decision(target: str | None, operand_elements: int, updated_elem
     return (f"kept as an in-place update on {target}: it writes {updated_elements} element(s); "
             f"the select form would read and write all {operand_elements} (taken only where "
             "scalarize splits the updated axis)")
+
+
+# --- batched updates (passes/batched_updates.py) ---
+def batched_update_decision(target: str | None, positions: int,
+                            example_elements: int) -> str | None:
+    """Why a scatter with batching dims stays a scatter (None: take the select form):
+    `positions` selects (window positions times index rows per example), each over one
+    example's `example_elements` operand elements."""
+    c = costs(target)
+    if not c.batched_update_max_positions:
+        return f"on {target} XLA does not loop over the batch: the scatter is kept"
+    if positions > c.batched_update_max_positions:
+        return (f"window of {positions} positions per example: above "
+                f"{c.batched_update_max_positions} on {target} (one select each)")
+    if positions * example_elements > c.batched_update_max_work:
+        return (f"{positions} select(s) over {example_elements} elements per example: "
+                f"{positions * example_elements} above {c.batched_update_max_work} on {target} "
+                "(the loop's trip writes only the window)")
+    return None
+# --- end batched updates ---
 
 
 def scalarize_limit(plan: ScalarizePlan, target: str | None) -> str | None:
