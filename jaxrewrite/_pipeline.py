@@ -7,9 +7,12 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
                 called with constants are specialised at the call site (so gathers see indices),
                 and inlined where the specialised body is trivial (one function per site, else).
 2. gathers    - static-index gather/scatter/dynamic_slice become structural data movement.
+2a. batched_updates - (TPU) a scatter with batching dims (vmapped dynamic_update_slice, `.at[i]
+                .set`) becomes selects on iota masks, where XLA would loop over the batch.
 3. movement   - data-movement algebra: slice∘concatenate, rev∘rev, permutation∘inverse, ...
-3a. rounds    - (CPU, `reroll="auto"`) a Python loop of identical rounds becomes a `lax.scan`
-                where flatten will then carry it split, as a `fori_loop` of those rounds is.
+3a. rounds    - (CPU, TPU; `reroll="auto"`) a Python loop of identical rounds becomes a
+                `lax.scan` where flatten will then carry it split, as a `fori_loop` of those
+                rounds is.
 3b. flatten   - small jit calls and static-trip-count loops whose small axes are permuted are
                 inlined / unrolled (cost model), so scalarize sees one region.
 4. dedup      - structurally identical inner jaxprs become one object (lowered once).
@@ -100,6 +103,9 @@ PASSES: tuple[PassSpec, ...] = (
     # declined went from 23 to 61 MLIR functions and compiled 20% slower. Enabling only.
     PassSpec("fold", "fold", True, own_fixpoint=True, enabling=True),
     PassSpec("gathers", "gathers", True),
+    # On the TPU, a scatter with batching dims (vmapped dynamic_update_slice, `.at[i].set`)
+    # becomes selects on iota masks; one sweep takes every one it can.
+    PassSpec("batched_updates", "gathers", True, own_fixpoint=True),
     PassSpec("movement", "movement", True),
     # A Python loop of rounds rolled where flatten will split the loop's carry: just before it.
     # (fold's work reaches it through flatten, which decides whether fold's changes are kept)

@@ -208,6 +208,20 @@ class TargetCosts:
     # 0.92-0.97x; XLA:TPU's own gather of such a static permutation ran as fast as anything.
     tile: tuple | None = None
     max_rev: int = 0
+    # Scatters with batching dims (`vmap` of `dynamic_update_slice`, or of `.at[i].set(v)` at a
+    # per-example index) as one select on an iota mask per window position
+    # (passes/batched_updates.py). XLA:TPU runs such a scatter as a while loop over the batch
+    # (jax-ml/jax#21367, openxla/xla#12982). TPU v5e, (8192, 256) f32, 8-wide windows at
+    # per-row starts: jax.jit 23.7 ms (about 2.9 us a trip); 8 selects 0.58 ms, bit for bit
+    # (about 0.035 ns per element and select). Every select reads the whole operand, so the
+    # form is taken where one example's operand elements times the window positions (selects)
+    # is at most `batched_update_max_work` (2,048 there; about 84,000 would cost as much as a
+    # trip; the TPU row takes 16,384, a fifth of that, as the margin of one measurement), and
+    # the positions at most `batched_update_max_positions` (each is equations: compile time).
+    # 0: never (CPU: XLA updates in place; GPU: XLA makes one scatter kernel, the issue's own
+    # GPU HLO).
+    batched_update_max_positions: int = 0
+    batched_update_max_work: int = 0
     # Compute equations per GPU kernel a split region may be cut into (`passes/_segments.py`):
     # XLA's GPU fusion keeps a split region one multi-output fusion up to about this size and
     # cuts a longer one where many values cross. Deviceless H200, 25-word Keccak-f[1600], 16,384
@@ -242,7 +256,8 @@ COSTS: dict[str, TargetCosts] = {
     # TPU v5e: splitting as the GPU's row (not measured apart from ChaCha20 and the seed
     # programs, which ran faster split: bench/tpu_costs.py); gathers' forms as measured there
     # (`tile`, `max_rev`).
-    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2),
+    "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
+                       batched_update_max_positions=64, batched_update_max_work=1 << 14),
 }
 
 
@@ -270,6 +285,24 @@ def update_form_decision(target: str | None, operand_elements: int, updated_elem
     return (f"kept as an in-place update on {target}: it writes {updated_elements} element(s); "
             f"the select form would read and write all {operand_elements} (taken only where "
             "scalarize splits the updated axis)")
+
+
+def batched_update_decision(target: str | None, positions: int,
+                            example_elements: int) -> str | None:
+    """Why a scatter with batching dims stays a scatter (None: take the select form):
+    `positions` selects (window positions times index rows per example), each over one
+    example's `example_elements` operand elements."""
+    c = costs(target)
+    if not c.batched_update_max_positions:
+        return f"on {target} XLA does not loop over the batch: the scatter is kept"
+    if positions > c.batched_update_max_positions:
+        return (f"window of {positions} positions per example: above "
+                f"{c.batched_update_max_positions} on {target} (one select each)")
+    if positions * example_elements > c.batched_update_max_work:
+        return (f"{positions} select(s) over {example_elements} elements per example: "
+                f"{positions * example_elements} above {c.batched_update_max_work} on {target} "
+                "(the loop's trip writes only the window)")
+    return None
 
 
 def padded_elements(shape, tile) -> int:
