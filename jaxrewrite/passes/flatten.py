@@ -62,7 +62,9 @@ from .. import _compat as C
 from ..backend import cost as _cost
 from .. import _walk
 from ..report.records import Report
+from . import kernel
 from . import loop_carry
+from . import movement
 # Scalarize's verdict on an unrolled level (CPU), asked before the loop is given up: unrolled
 # and not split, a loop only costs compile time and run time (as reroll asks outline).
 from . import scalarize
@@ -293,6 +295,9 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     the replacement is the rolled loop with its carry split (`loop_carry`), or None."""
     lc = _cost.loop_costs(ctx.target)
     split_carry = lc.split_carry and mode == "auto"
+    # (a target whose row unrolls: where the kernel pass will take the loop split, it stays
+    # rolled so that it runs inside the kernel)
+    for_kernel = mode == "auto" and not lc.split_carry and kernel.enabled(ctx)
     max_pieces = _cost.costs(ctx.target).max_pieces
     min_piece = _cost.costs(ctx.target).min_piece_elements
 
@@ -315,6 +320,23 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _walk.plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
+        if for_kernel and plan.moves and inexact_body(body.jaxpr, integers_exact=True) is None:
+            # (float loops are not the kernel's: they go on as before, without a word here)
+            loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
+                                   eqn.params.get("unroll", 1) if name == "scan" else 1)
+            # (the pieces' size first: the split is traced and analysed only where it may pay)
+            rep, why = None, kernel.size_reason(plan.piece_elements, trips * plan.body_eqns, ctx)
+            if why is None:
+                rep, why = loop_carry.split_loop(
+                    eqn, loop, ctx, max_axis, max_pieces, _scalarize_split,
+                    plan.body_permutations,
+                    accept=lambda scan, split: _kernel_verdict(scan, split, ctx))
+            if rep is not None:
+                ctx.report.applied(PASS, eqn, after=(f"rolled, carry split for a kernel: {why}",))
+                ctx.report.count(f"{PASS}.carries_split_for_kernel")
+                return rep
+            ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: not kept rolled for a "
+                                           f"kernel ({why}); unrolled where the cost model says")
         if split_carry:
             if not plan.moves or not plan.body_permutations:
                 # nothing to make renaming
@@ -426,6 +448,17 @@ def _scalarize_split(ctx, jaxpr, consts) -> tuple:
         return j, None
     reasons = [d.reason for d in scratch.report.declines]
     return None, reasons[-1] if reasons else "nothing to split"
+
+
+def _kernel_verdict(scan, split_body, ctx) -> str | None:
+    """The kernel pass's verdict on a loop split for it: its body as scalarize splits it, with
+    the reshapes of pieces that renaming leaves taken away as the movement pass will take them
+    (asked with a scratch report)."""
+    if ctx.options.movement:
+        scratch = dataclasses.replace(ctx, report=Report())
+        split_body, _ = movement.simplify(split_body, scratch.report, ctx=scratch)
+        split_body, _ = _walk.dce(split_body)
+    return kernel.loop_reason(scan, split_body, ctx)
 
 
 def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:
