@@ -306,3 +306,33 @@ def test_a_kernel_that_cannot_lower_falls_back_with_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="could not be lowered"):
         out = jaxrewrite.optimize(f, target="tpu", kernel=True)(x)
     assert_bitwise_equal(out, jax.jit(f)(x))
+
+
+def test_scalar_words_carried_in_the_loop_live_in_smem():
+    """Philox-4x32-10 with counters vmapped and one key: the key's two words are scalars,
+    carried (and bumped every round) inside the kernel's loop."""
+    import tpu_kernel as B
+    ctr = np.zeros((2048, 4), np.uint32)
+    ctr[:, 0] = np.arange(2048)
+    ctr[1], ctr[2] = B.PHILOX_KAT[0][0], B.PHILOX_KAT[1][0]
+    key = np.array([0x12345678, 0x9ABCDEF0], np.uint32)
+    f = jax.vmap(B.philox, in_axes=(0, None))
+    out = np.asarray(jaxrewrite.optimize(f, **TPU)(ctr, key))
+    np.testing.assert_array_equal(out, B.philox_np(ctr, key))
+    assert_bitwise_equal(out, jax.jit(f)(ctr, key))
+    for c, k, want in B.PHILOX_KAT:        # Random123's known answers
+        np.testing.assert_array_equal(B.philox_np(np.array([c], np.uint32), k)[0], want)
+    res = _rewrite(f, ctr, key)
+    (stats,) = res.report.stats["kernel"]
+    assert (stats["pieces_in"], stats["scalars_in"], stats["trips"]) == (4, 2, [10])
+    _lowers_for_tpu(f, ctr, key)
+
+
+def test_no_mosaic_kernels_with_x64_on():
+    f = jax.vmap(P.chacha_loop("fori", rounds=2))
+    x = P._blocks(1024)
+    with jax.enable_x64(True), mosaic.emit_for("tpu"):
+        res = _rewrite(f, x)
+    assert not _kernels(res.jaxpr)
+    (why,) = [e.reason for e in _events(res.report, applied=False)]
+    assert "jax_enable_x64" in why

@@ -154,20 +154,31 @@ def _check_body(cj, n: int, scalars_only: bool = False) -> None:
             raise _Unfit("a loop condition that reads pieces (trips per element)")
 
 
-def _check_loop(eqn, n: int) -> None:
+def _check_loop(eqn, n: int, body=None) -> None:
+    """A loop the kernel runs: carries and constants pieces or scalars (a constant its body
+    never reads may be anything: lax.scan leaves hoisted literals as unused operands), no xs,
+    a condition on scalars. `body`: a Jaxpr in place of the loop's own (flatten asks)."""
     p = eqn.params
     if eqn.primitive.name == "scan":
         nc, nk = p["num_consts"], p["num_carry"]
         if len(eqn.invars) > nc + nk:
             raise _Unfit("a scan over xs (per-trip slices are not done)")
-        for a in eqn.invars:
-            _value(a, n, "a loop's carry or constant")
-        _check_body(p["jaxpr"], n)
+        cj = p["jaxpr"] if body is None else C.closed(body, ())
+        read = _read_vars(cj.jaxpr)
+        for k, (a, v) in enumerate(zip(eqn.invars, cj.jaxpr.invars)):
+            if k >= nc or v in read:
+                _value(a, n, "a loop's carry or constant")
+        _check_body(cj, n)
         return
     for a in eqn.invars:
         _value(a, n, "a loop's carry or constant")
     _check_body(p["cond_jaxpr"], n, scalars_only=True)
-    _check_body(p["body_jaxpr"], n)
+    _check_body(p["body_jaxpr"] if body is None else C.closed(body, ()), n)
+
+
+def _read_vars(jaxpr) -> set:
+    reads = {a for e in jaxpr.eqns for a in e.invars if not C.is_literal(a)}
+    return reads | {a for a in jaxpr.outvars if not C.is_literal(a)}
 
 
 def _work(eqns) -> tuple[int, int, list]:
@@ -213,7 +224,9 @@ def evaluate(jaxpr, consts, args, tile: _Tile) -> list:
 
     def read(a):
         if C.is_literal(a):
-            return np.dtype(C.aval_of(a).dtype).type(C.literal_value(a))
+            val = C.literal_value(a)
+            # (a non-scalar literal is an unused loop constant: `_check_loop`)
+            return np.dtype(C.aval_of(a).dtype).type(val) if not np.ndim(val) else val
         return env[a]
 
     for e in jaxpr.eqns:
@@ -511,9 +524,21 @@ def _emit(region: _Region, ctx, mode):
 # --- entry points ------------------------------------------------------------------------------
 
 def enabled(ctx) -> bool:
-    """Whether this pass may emit kernels for `ctx` (option, target, Pallas, one device)."""
-    return (_cost.kernel_on(ctx.options.kernel, ctx.target) and ctx.devices == 1
-            and C.pallas_available())
+    """Whether this pass may emit kernels for `ctx` (option, target, Pallas, one device, and
+    x64 off where the kernels are Mosaic's)."""
+    return (_cost.kernel_on(ctx.options.kernel, ctx.target) and _refusal(ctx) is None)
+
+
+def _refusal(ctx) -> str | None:
+    """Why no kernel can be emitted in this process for `ctx` at all (None: they can)."""
+    if ctx.devices > 1:
+        return f"program partitioned over {ctx.devices} devices"
+    if not C.pallas_available():
+        return "Pallas cannot be imported here"
+    if C.x64_enabled() and not mosaic.interpret():
+        return ("jax_enable_x64 is on: the grid's index maps would be int64, which Mosaic "
+                "refuses")
+    return None
 
 
 def loop_reason(scan, body, ctx) -> str | None:
@@ -525,11 +550,8 @@ def loop_reason(scan, body, ctx) -> str | None:
     n = next((_shape(v)[0] for v in scan.outvars if len(_shape(v)) == 1), None)
     if n is None:
         return "no piece carried"
-    cj = C.closed(body, ())
     try:
-        for a in scan.invars:
-            _value(a, n, "a loop's carry or constant")
-        _check_body(cj, n)
+        _check_loop(scan, n, body)
     except _Unfit as u:
         return str(u)
     return size_reason(n, scan.params.get("length", 1) * _work(body.eqns)[0], ctx)
@@ -547,10 +569,9 @@ def run(cj, ctx):
     mode = ctx.options.kernel
     if not _cost.kernel_on(mode, ctx.target):
         return cj, False
-    if ctx.devices > 1 or not C.pallas_available():
-        site = cj.jaxpr.eqns[0] if cj.jaxpr.eqns else None
-        if site is not None and mode is True:
-            ctx.report.declined(NAME, site, "program partitioned over several devices"
-                                if ctx.devices > 1 else "Pallas cannot be imported here")
+    why = _refusal(ctx)
+    if why is not None:
+        if mode is True and cj.jaxpr.eqns:
+            ctx.report.declined(NAME, cj.jaxpr.eqns[0], why)
         return cj, False
     return _level(cj, ctx, mode, {})
