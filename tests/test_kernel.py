@@ -1,9 +1,10 @@
-"""One Pallas kernel for a region of integer work on split pieces (passes/kernel.py), no TPU here.
+"""One Pallas kernel for a region of integer work on split pieces (passes/kernel.py).
 
-Kernels run in Pallas's interpreter on the CPU (`backend.mosaic.interpret()`), bit for bit
-against jax.jit and RFC 8439's ChaCha20 block; `target="tpu"` structure (which regions become
-kernels, the loop inside, declines); and the emitted kernels lowered to Mosaic for the TPU on
-this host (`lower(lowering_platforms=("tpu",))`), which runs Pallas's TPU lowering rules.
+Without a TPU (CI): kernels run in Pallas's interpreter (`backend.mosaic.interpret()`), bit for
+bit against jax.jit and RFC 8439's ChaCha20 block; `target="tpu"` structure (which regions
+become kernels, the loop inside, declines); and the emitted kernels lowered to Mosaic for the
+TPU on this host (`lower(lowering_platforms=("tpu",))`, Pallas's TPU lowering rules). On a TPU
+the same tests compile and run the kernels with Mosaic, the bits checked on the chip.
 """
 import os
 import sys
@@ -101,7 +102,7 @@ def test_chacha_author_form_is_one_kernel_with_the_loop_inside(n):
     rows = _cost.costs("tpu").kernel_tile_rows
     assert stats == dict(elements=n, rows=rows, grid=-(-n // 128 // rows), pieces_in=16,
                          scalars_in=0, pieces_out=16, eqns=1, work=stats["work"], trips=[10],
-                         interpret=True)
+                         interpret=mosaic.interpret())
     # flatten kept the loop rolled for the kernel: its body once, not 10 times
     assert res.report.counts["flatten.carries_split_for_kernel"] == 1
     assert stats["work"] > 10 * 150
@@ -229,7 +230,7 @@ def test_batches_that_do_not_tile_are_declined(n):
 
 
 def test_64_bit_lanes_are_declined():
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), mosaic.emit_for("interpreter"):  # (x64: no Mosaic kernels)
         x = jnp.asarray(np.random.default_rng(3).integers(0, 2**63, (1024, 4), dtype=np.uint64))
 
         def rounds(s):
@@ -297,6 +298,7 @@ def test_a_while_loop_runs_inside_the_kernel():
     _lowers_for_tpu(f, x)
 
 
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="Mosaic kernels lower on a TPU")
 def test_a_kernel_that_cannot_lower_falls_back_with_one_warning(monkeypatch):
     """Emitted for Mosaic on a CPU-only process, the kernel cannot be lowered here: the
     program as traced runs (the lowering guard, `_api._lowering_failed`)."""
@@ -336,3 +338,21 @@ def test_no_mosaic_kernels_with_x64_on():
     assert not _kernels(res.jaxpr)
     (why,) = [e.reason for e in _events(res.report, applied=False)]
     assert "jax_enable_x64" in why
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_kernel_true_applies_on_any_target(target):
+    f = jax.vmap(lambda x: P.chacha_words(x, rounds=2))
+    x = P._blocks(1024)
+    opts = dict(target=target, kernel=True, strict=True)
+    assert_bitwise_equal(jaxrewrite.optimize(f, **opts)(x), jax.jit(f)(x))
+    assert len(_kernels(jaxrewrite.make_jaxpr(f, **opts)(x))) == 1
+
+
+def test_explain_shows_the_kernel():
+    f = jax.vmap(P.chacha_loop("fori", rounds=2))
+    e = jaxrewrite.explain(f, **TPU)(P._blocks(2048))
+    (ev,) = [ev for ev in e.rewrites if ev.pass_name == "kernel"]
+    assert ev.after == ("pallas_call",) and ev.before == ("scan",)
+    (stats,) = e.report.stats["kernel"]
+    assert (stats["rows"], stats["grid"], stats["trips"]) == (16, 1, [2])

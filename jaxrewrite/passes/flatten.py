@@ -44,6 +44,12 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    (`backend.cost.split_pays`). Otherwise it stays as it was, with the reason: unrolled and
    split, a short loop costs the same compile time for the same trips.
 
+4. Keep it rolled for a kernel (a target whose row unrolls, `"auto"`, where the kernel pass
+   is on: the TPU from `kernel_min_elements`): an integer loop that the kernel pass will take
+   with its carry split (`kernel.loop_reason` on the body scalarize would make) stays rolled,
+   its carry split as in 3, so that the loop runs inside one kernel; otherwise it is unrolled
+   as before.
+
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
 comparison, selection and data movement), so XLA's different code for the flat form cannot

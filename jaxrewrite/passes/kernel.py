@@ -63,7 +63,7 @@ _CALLS = frozenset({"jit", "pjit"})
 _EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concatenate",
                     "transpose", "broadcast_in_dim", "gather", "dynamic_slice", "pad", "rev",
                     "iota", "expand_dims", "copy", "copy_p", "split", "dynamic_update_slice",
-                    "scatter", "select_n"})
+                    "scatter"})
 _MAX_REGIONS = 16        # regions looked at per level (each a greedy walk of the level)
 
 
@@ -370,22 +370,11 @@ def _level(cj, ctx, mode, memo) -> tuple:
     if hit is not None and hit[0] is cj:
         return hit[1]
     j = cj.jaxpr
-    eqns = list(j.eqns)
+    eqns, outvars = list(j.eqns), list(j.outvars)
     changed = False
-    # calls made here run once: their bodies are levels of their own
-    for i, e in enumerate(eqns):
-        if e.primitive.name in _CALLS:
-            body, ch = _level(e.params["jaxpr"], ctx, mode, memo)
-            if ch:
-                eqns[i] = e.replace(params={**e.params, "jaxpr": body})
-                changed = True
-    if any(e.effects for e in eqns):
-        out = (C.closed(C.replace_jaxpr(j, eqns=eqns), cj.consts), True) if changed else (cj, False)
-        memo[id(cj.jaxpr)] = (cj, out)
-        return out
-    outvars = list(j.outvars)
     excluded: set = set()
-    for _ in range(_MAX_REGIONS):
+    # (effects: a region's equations would move past others)
+    for _ in range(0 if any(e.effects for e in eqns) else _MAX_REGIONS):
         uses = collections.Counter(a for e in eqns for a in e.invars if not C.is_literal(a))
         uses.update(a for a in outvars if not C.is_literal(a))
         fits, first = {}, None
@@ -414,6 +403,13 @@ def _level(cj, ctx, mode, memo) -> tuple:
                 + [_walk.rename_operands(e, env) for e in region.after])
         outvars = [_walk.substitute(a, env) for a in outvars]
         changed = True
+    # calls made here that no region took run once: their bodies are levels of their own
+    for i, e in enumerate(eqns):
+        if e.primitive.name in _CALLS:
+            body, ch = _level(e.params["jaxpr"], ctx, mode, memo)
+            if ch:
+                eqns[i] = e.replace(params={**e.params, "jaxpr": body})
+                changed = True
     _say_unfit(eqns, ctx, mode)
     out = cj, False
     if changed:
@@ -444,7 +440,7 @@ def _say_unfit(eqns, ctx, mode) -> None:
         if why is not None:
             by_dtype.setdefault(why, []).append(e)
         elif name not in mosaic.KERNEL_PRIMITIVES:
-            ctx.report.declined(NAME, e, f"stays XLA's (a region is cut here): "
+            ctx.report.declined(NAME, e, f"stays XLA's (no kernel holds it): "
                                          f"{mosaic.primitive_reason(name, [dt])}")
     for why, es in by_dtype.items():
         if len(es) >= least:
@@ -457,13 +453,13 @@ def _emit(region: _Region, ctx, mode):
     n = region.n
     costs = _cost.costs(ctx.target)
     rows = costs.kernel_tile_rows
-    eqns, loops, trips = _work(region.members)
+    work, loops, trips = _work(region.members)
     site = next((e for e in region.members if e.primitive.name in _LOOPS), region.members[0])
-    if mode == "auto" and not loops and eqns < costs.kernel_min_eqns:
-        ctx.report.count(f"{NAME}.short_regions")
+    if mode == "auto" and not loops and work < costs.kernel_min_eqns:
+        ctx.report.count(f"{NAME}.short_regions")   # (normal: not worth a decline)
         return None
     why = (mosaic.tile_reason(n, rows)
-           or _cost.kernel_decision(n, eqns, loops, mode, ctx.target))
+           or _cost.kernel_decision(n, work, loops, mode, ctx.target))
     if why is not None:
         ctx.report.declined(NAME, site, f"region of {len(region.members)} equation(s) on pieces "
                                         f"of {n} elements: {why}")
@@ -499,7 +495,7 @@ def _emit(region: _Region, ctx, mode):
             body, ops, [not p for p in pieces],
             [((total_rows, mosaic.LANES), io(_dtype(v))) for v in region.outputs],
             rows, steps, interpret=interpret, name="jaxrewrite_kernel",
-            flops=eqns * n, bytes_accessed=4 * n * (sum(pieces) + len(region.outputs)),
+            flops=work * n, bytes_accessed=4 * n * (sum(pieces) + len(region.outputs)),
             input_fusion=costs.kernel_input_fusion)
         return [o.reshape(n) != 0 if np.dtype(_dtype(v)) == np.bool_ else o.reshape(n)
                 for o, v in zip(outs, region.outputs)]
@@ -511,13 +507,13 @@ def _emit(region: _Region, ctx, mode):
               if loops else "straight-line")
     note = (f"{sum(pieces)} piece(s) of {n} in, {len(region.outputs)} out"
             f"{f', {len(pieces) - sum(pieces)} scalar(s) in SMEM' if not all(pieces) else ''}; "
-            f"{len(region.members)} equation(s), {inside} ({eqns} a tile); tiles ({rows}, "
+            f"{len(region.members)} equation(s), {inside} ({work} evaluated a tile); tiles ({rows}, "
             f"{mosaic.LANES}), grid ({steps},){'; Pallas interpreter' if interpret else ''}")
     ctx.report.applied(NAME, site, after=("pallas_call",), note=note)
     ctx.report.stats.setdefault(NAME, []).append(dict(
         elements=n, rows=rows, grid=steps, pieces_in=sum(pieces),
         scalars_in=len(pieces) - sum(pieces), pieces_out=len(region.outputs),
-        eqns=len(region.members), work=eqns, trips=trips, interpret=interpret))
+        eqns=len(region.members), work=work, trips=trips, interpret=interpret))
     return em.eqns, results
 
 
