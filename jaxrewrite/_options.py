@@ -28,10 +28,10 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
                          "choices cached on disk"),
     ("tile", True, "CPU: run a batch-independent program whose loop state exceeds the cache as a "
                    "loop over tiles of its batch axis, its own loops inside (other targets: off)"),
-    ("kernel", "auto", "TPU: one Pallas kernel for a region of integer work on split pieces (a split "
-                       "loop with its words, or straight-line rounds), the loop inside ('auto': "
-                       "where the target's cost row says so; True: wherever one can be emitted, "
-                       "any target, Pallas's interpreter off the TPU)"),
+    ("kernel", "auto", "TPU: one Pallas kernel for a region of integer work on split pieces "
+                       "(a split loop with its words, or straight-line rounds), the loop inside "
+                       "('auto': where the target's cost row says so; True: wherever one can be "
+                       "emitted, any target, Pallas's interpreter off the TPU)"),
     ("target", None, "backend the cost model decides for: 'cpu', 'gpu', 'tpu' (default: current)"),
     ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
     ("debug_checks", False, "check_jaxpr after every pass"),

@@ -785,7 +785,7 @@ def cpu_cores(costs: TargetCosts) -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# --- one Pallas kernel for a region (passes/kernel.py) ---------------------------------------------
+# --- one Pallas kernel for a region (passes/kernel.py) ------------------------------------------
 
 def kernel_on(mode, target: str | None) -> bool:
     """Whether the kernel pass looks for regions: `kernel=True` on every target; `"auto"` where

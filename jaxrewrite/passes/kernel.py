@@ -64,7 +64,7 @@ _EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concaten
                     "transpose", "broadcast_in_dim", "gather", "dynamic_slice", "pad", "rev",
                     "iota", "expand_dims", "copy", "copy_p", "split", "dynamic_update_slice",
                     "scatter"})
-_MAX_REGIONS = 16        # regions looked at per level (each a greedy walk of the level)
+_MAX_KERNELS = 16        # kernels emitted per level (each a walk of the level after it)
 
 
 def _shape(atom) -> tuple:
@@ -339,14 +339,28 @@ def _fit(eqn, n, uses) -> str | None:
     return None
 
 
-def _grow(eqns, first: int, n: int, fits: dict, outvars) -> _Region:
+def _fits(eqns, outvars) -> dict:
+    """id(equation) -> the piece length it may be a region equation on, for those that may."""
+    uses = collections.Counter(a for e in eqns for a in e.invars if not C.is_literal(a))
+    uses.update(a for a in outvars if not C.is_literal(a))
+    out = {}
+    for e in eqns:
+        n = _piece_length(e)
+        if n is not None and _fit(e, n, uses) is None:
+            out[id(e)] = n
+    return out
+
+
+def _grow(eqns, first: int, n: int, fits: dict, excluded: set, outvars) -> _Region:
     """The region of pieces of `n` starting at `eqns[first]`: every fitting equation on `n`
-    that does not depend on an equation outside the region that depends on the region."""
+    (not `excluded`: in a region already) that does not depend on an equation outside the
+    region that depends on the region."""
     members, produced, taint = [], set(), set()
     before, after = list(eqns[:first]), []
     for e in eqns[first:]:
         ins = [a for a in e.invars if not C.is_literal(a)]
-        if fits.get(id(e)) == n and not any(a in taint for a in ins):
+        if (fits.get(id(e)) == n and e.outvars[0] not in excluded
+                and not any(a in taint for a in ins)):
             members.append(e)
             produced.update(e.outvars)
         elif any(a in produced or a in taint for a in ins):
@@ -372,36 +386,29 @@ def _level(cj, ctx, mode, memo) -> tuple:
     j = cj.jaxpr
     eqns, outvars = list(j.eqns), list(j.outvars)
     changed = False
-    excluded: set = set()
+    excluded: set = set()        # equations already in a region (by their first result)
+    kernels = 0
     # (effects: a region's equations would move past others)
-    for _ in range(0 if any(e.effects for e in eqns) else _MAX_REGIONS):
-        uses = collections.Counter(a for e in eqns for a in e.invars if not C.is_literal(a))
-        uses.update(a for a in outvars if not C.is_literal(a))
-        fits, first = {}, None
-        for i, e in enumerate(eqns):
-            n = _piece_length(e)
-            if n is None or e.outvars[0] in excluded:
-                continue
-            why = _fit(e, n, uses)
-            if why is None:
-                fits[id(e)] = n
-                first = i if first is None else first
+    fits = {} if any(e.effects for e in eqns) else _fits(eqns, outvars)
+    while kernels < _MAX_KERNELS:
+        first = next((i for i, e in enumerate(eqns)
+                      if id(e) in fits and e.outvars[0] not in excluded), None)
         if first is None:
             break
-        region = _grow(eqns, first, fits[id(eqns[first])], fits, outvars)
+        region = _grow(eqns, first, fits[id(eqns[first])], fits, excluded, outvars)
         excluded.update(e.outvars[0] for e in region.members)
-        if not region.outputs:
-            continue
-        new = _emit(region, ctx, mode)
+        new = _emit(region, ctx, mode) if region.outputs else None
         if new is None:
             continue
         kernel_eqns, results = new
-        # (the kernel's own conversions at its edges are not a region's)
-        excluded.update(e.outvars[0] for e in kernel_eqns)
         env = dict(zip(region.outputs, results))
         eqns = (region.before + kernel_eqns
                 + [_walk.rename_operands(e, env) for e in region.after])
         outvars = [_walk.substitute(a, env) for a in outvars]
+        # (the kernel's own conversions at its edges are not a region's)
+        excluded.update(e.outvars[0] for e in kernel_eqns)
+        fits = _fits(eqns, outvars)   # (renamed equations are new objects)
+        kernels += 1
         changed = True
     # calls made here that no region took run once: their bodies are levels of their own
     for i, e in enumerate(eqns):
@@ -507,8 +514,9 @@ def _emit(region: _Region, ctx, mode):
               if loops else "straight-line")
     note = (f"{sum(pieces)} piece(s) of {n} in, {len(region.outputs)} out"
             f"{f', {len(pieces) - sum(pieces)} scalar(s) in SMEM' if not all(pieces) else ''}; "
-            f"{len(region.members)} equation(s), {inside} ({work} evaluated a tile); tiles ({rows}, "
-            f"{mosaic.LANES}), grid ({steps},){'; Pallas interpreter' if interpret else ''}")
+            f"{len(region.members)} equation(s), {inside} ({work} evaluated a tile); tiles "
+            f"({rows}, {mosaic.LANES}), grid ({steps},)"
+            f"{'; Pallas interpreter' if interpret else ''}")
     ctx.report.applied(NAME, site, after=("pallas_call",), note=note)
     ctx.report.stats.setdefault(NAME, []).append(dict(
         elements=n, rows=rows, grid=steps, pieces_in=sum(pieces),
