@@ -990,3 +990,50 @@ def is_jax_internal_jit(fun) -> bool:
 def _in_jax(obj) -> bool:
     module = getattr(obj, "__module__", None) or ""
     return module == "jax" or module.startswith(("jax.", "jaxlib."))
+
+
+# --- Pallas (passes/kernel.py) -----------------------------------------------------------------
+#
+# One TPU kernel over (rows, 128) tiles of 2-D word arrays, scalars in SMEM, read from
+# `jax.experimental.pallas` (JAX 0.10.2: `pl.pallas_call`, `pl.BlockSpec`, `pltpu.SMEM`,
+# `pltpu.CompilerParams`, `pl.CostEstimate`). Where Pallas cannot be imported nothing is emitted.
+
+def pallas_available() -> bool:
+    try:
+        from jax.experimental import pallas  # noqa: F401
+        from jax.experimental.pallas import tpu  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure: no kernels
+        return False
+    return True
+
+
+def pallas_tiles_call(kernel: Callable, operands: Sequence, in_smem: Sequence[bool],
+                      out_avals: Sequence, rows: int, steps: int, *, interpret: bool,
+                      name: str, flops: int = 0, bytes_accessed: int = 0,
+                      input_fusion: bool = False) -> list:
+    """`kernel(*in_refs, *out_refs)` as one `pallas_call` over a grid of `steps`: the operands
+    flagged in `in_smem` ((1,) arrays) whole in SMEM, the others and every output (2-D (M, 128)
+    arrays; `out_avals`: (shape, dtype) pairs) in blocks of (rows, 128), block i at row
+    i * rows. Grid steps are independent ("parallel"). `input_fusion`: let XLA fuse each
+    operand's producer into the kernel's input (`allow_input_fusion`)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    tiles = pl.BlockSpec((rows, out_avals[0][0][1]), lambda i: (i, 0))
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    params = pltpu.CompilerParams(
+        dimension_semantics=("parallel",),
+        allow_input_fusion=[not s for s in in_smem] if input_fusion else None)
+    call = pl.pallas_call(
+        kernel, grid=(steps,),
+        out_shape=[jax.ShapeDtypeStruct(tuple(s), d) for s, d in out_avals],
+        in_specs=[smem if s else tiles for s in in_smem], out_specs=[tiles] * len(out_avals),
+        interpret=interpret, name=name, compiler_params=params,
+        cost_estimate=pl.CostEstimate(flops=int(flops), transcendentals=0,
+                                      bytes_accessed=int(bytes_accessed)))
+    return list(call(*operands))
+
+
+def pallas_program_id(axis: int = 0):
+    """The grid step a kernel runs (inside its body)."""
+    from jax.experimental import pallas as pl
+    return pl.program_id(axis)

@@ -28,6 +28,10 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
                          "choices cached on disk"),
     ("tile", True, "CPU: run a batch-independent program whose loop state exceeds the cache as a "
                    "loop over tiles of its batch axis, its own loops inside (other targets: off)"),
+    ("kernel", "auto", "TPU: one Pallas kernel for a region of integer work on split pieces "
+                       "(a split loop with its words, or straight-line rounds), the loop inside "
+                       "('auto': where the target's cost row says so; True: wherever one can be "
+                       "emitted, any target, Pallas's interpreter off the TPU)"),
     ("target", None, "backend the cost model decides for: 'cpu', 'gpu', 'tpu' (default: current)"),
     ("max_rounds", 8, "fixed-point cap of the pass pipeline"),
     ("debug_checks", False, "check_jaxpr after every pass"),
@@ -63,6 +67,7 @@ VALID = {
     "flatten": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
     "autotune": (lambda v: _bool(v) or v == "time", "True, False or 'time'"),
     "tile": (_bool, "True or False"),
+    "kernel": (lambda v: _bool(v) or v == "auto", "True, False or 'auto'"),
     "target": (lambda v: v is None or v in ("cpu", "gpu", "cuda", "rocm", "tpu"),
                "None, 'cpu', 'gpu' or 'tpu'"),
     "max_rounds": (_count, "an int >= 1"),
@@ -87,6 +92,7 @@ class Options:
     flatten: Any = DEFAULTS["flatten"]
     autotune: Any = DEFAULTS["autotune"]
     tile: Any = DEFAULTS["tile"]
+    kernel: Any = DEFAULTS["kernel"]
     target: Any = DEFAULTS["target"]
     max_rounds: int = DEFAULTS["max_rounds"]
     debug_checks: bool = DEFAULTS["debug_checks"]

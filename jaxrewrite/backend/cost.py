@@ -40,6 +40,7 @@ strictest about concatenates).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Sequence
@@ -230,6 +231,21 @@ class TargetCosts:
     # kernels (not 3): so the cut is only proposed, and taken where `autotune=True` counts
     # fewer launches. 0: never cut.
     segment_eqns: int = 0
+    # One Pallas TPU kernel for a region of integer work on split pieces (passes/kernel.py,
+    # `kernel="auto"`): each piece laid out as (N/128, 128) words, `kernel_tile_rows` rows of
+    # it per grid step (a multiple of 8; 16 words of (8, 128) fill a quarter of the 64 vregs);
+    # emitted where pieces have at least `kernel_min_elements` elements (0: never by default on
+    # this target) and the region holds a loop or at least `kernel_min_eqns` equations.
+    # `kernel_input_fusion`: XLA may fuse each operand's producer (the split of the user's
+    # (N, 4, 4) state) into the kernel's input. TPU v5e, ChaCha20 by hand (issue 41): one
+    # kernel of 8-32 rows, the 10 double rounds inside, 1.0-1.2 ms at 1,048,576 blocks on
+    # word-major data, 2.0-2.2 ms with the transposes from and to (N, 4, 4), against XLA's
+    # 4.6 ms for the split program (36-79 launches). The rows, the minimum size and input
+    # fusion are NOT measured for the pass's own kernels yet (bench/tpu_kernel.py sweeps them).
+    kernel_min_elements: int = 0
+    kernel_min_eqns: int = 0
+    kernel_tile_rows: int = 16
+    kernel_input_fusion: bool = False
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -255,10 +271,26 @@ COSTS: dict[str, TargetCosts] = {
                        segment_eqns=1750),
     # TPU v5e: splitting as the GPU's row (not measured apart from ChaCha20 and the seed
     # programs, which ran faster split: bench/tpu_costs.py); gathers' forms as measured there
-    # (`tile`, `max_rev`).
+    # (`tile`, `max_rev`). Kernels from 262,144 elements a piece (unmeasured: at 4,096-65,536
+    # blocks the split program's launches are expected to cost less than a kernel's fixed
+    # overhead).
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
-                       batched_update_max_positions=64, batched_update_max_work=1 << 14),
+                       batched_update_max_positions=64, batched_update_max_work=1 << 14,
+                       kernel_min_elements=262_144, kernel_min_eqns=64, kernel_tile_rows=16),
 }
+
+
+@contextlib.contextmanager
+def override_row(target: str, **fields):
+    """Within the block, `target`'s cost row has `fields` replaced (a bench's sweep of a
+    cost entry: `with override_row("tpu", kernel_tile_rows=32): ...`). Not thread-safe: a
+    program rewritten in another thread meanwhile sees the same row."""
+    before = COSTS[target]
+    COSTS[target] = dataclasses.replace(before, **fields)
+    try:
+        yield COSTS[target]
+    finally:
+        COSTS[target] = before
 
 
 def costs(target: str | None) -> TargetCosts:
@@ -839,3 +871,27 @@ def cpu_cores(costs: TargetCosts) -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+# --- one Pallas kernel for a region (passes/kernel.py) ------------------------------------------
+
+def kernel_on(mode, target: str | None) -> bool:
+    """Whether the kernel pass looks for regions: `kernel=True` on every target; `"auto"` where
+    the target's row has a minimum piece size (the TPU)."""
+    return mode is True or (mode == "auto" and costs(target).kernel_min_elements > 0)
+
+
+def kernel_decision(elements: int, eqns: int, loops: int, mode, target: str | None) -> str | None:
+    """None where a region of `eqns` equations (`loops` of them loops) on pieces of `elements`
+    gets a kernel, else why not. `kernel=True`: wherever one can be emitted."""
+    if mode is True:
+        return None
+    c = costs(target)
+    if elements < c.kernel_min_elements:
+        return (f"pieces of {elements} elements, fewer than {c.kernel_min_elements} (the "
+                f"{target} row's kernel_min_elements, unmeasured: below it the split program's "
+                f"fusions are expected to cost less than a kernel)")
+    if not loops and eqns < c.kernel_min_eqns:
+        return (f"{eqns} equations and no loop, fewer than {c.kernel_min_eqns} (the {target} "
+                f"row's kernel_min_eqns: XLA fuses a short region into one kernel already)")
+    return None

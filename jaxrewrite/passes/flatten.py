@@ -34,7 +34,7 @@ stays a re-join. This pass removes those boundaries where the cost model says so
 
    xs are sliced per trip, ys stacked at the end; `reverse=True` walks the trips backwards.
 
-3. Split the carry (CPU, `"auto"`: `backend.cost.LoopCosts.split_carry`): a rolled loop costs no
+3. Split the carry (CPU, TPU, `"auto"`: `backend.cost.LoopCosts.split_carry`): a rolled loop costs no
    launches there, and unrolling multiplies what XLA compiles by the trip count, so the loop
    stays rolled and its carry is carried as pieces (`loop_carry.py`), where each trip permutes
    carried data at least twice (`min_body_permutations`) and scalarize would split the new body
@@ -43,6 +43,12 @@ stays a re-join. This pass removes those boundaries where the cost model says so
    equations x trips per piece, and a state in cache or tiled unless the body moves it often
    (`backend.cost.split_pays`). Otherwise it stays as it was, with the reason: unrolled and
    split, a short loop costs the same compile time for the same trips.
+
+4. Keep it rolled for a kernel (`"auto"`, where the kernel pass is on: the TPU from
+   `kernel_min_elements`): an integer loop that the kernel pass will take with its carry split
+   (`kernel.loop_reason` on the body scalarize would make) stays rolled, its carry split as in
+   3, whatever 3's thresholds say, so that the loop runs inside one kernel; otherwise 3 (or,
+   on a target that unrolls, 2) decides as before.
 
 Exactness: the same primitives on the same values in the same order. Loops are unrolled only
 where every primitive of the body computes each element exactly (`EXACT`: integer, bitwise,
@@ -62,7 +68,9 @@ from .. import _compat as C
 from ..backend import cost as _cost
 from .. import _walk
 from ..report.records import Report
+from . import kernel
 from . import loop_carry
+from . import movement
 # Scalarize's verdict on an unrolled level (CPU), asked before the loop is given up: unrolled
 # and not split, a loop only costs compile time and run time (as reroll asks outline).
 from . import scalarize
@@ -293,6 +301,9 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
     the replacement is the rolled loop with its carry split (`loop_carry`), or None."""
     lc = _cost.loop_costs(ctx.target)
     split_carry = lc.split_carry and mode == "auto"
+    # (where the kernel pass will take the loop split, it stays rolled so that it runs inside
+    # the kernel, whatever the split's own thresholds say)
+    for_kernel = mode == "auto" and kernel.enabled(ctx)
     max_pieces = _cost.costs(ctx.target).max_pieces
     min_piece = _cost.costs(ctx.target).min_piece_elements
 
@@ -315,9 +326,33 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
         calls = sum(1 for e in body.jaxpr.eqns if C.is_jit(e) and _walk.plain_call(e))
         body = C.closed(flat, body.consts) if flat is not body.jaxpr else body
         plan = _loop_plan(eqn, body, trips, ctx, max_axis, piece_of)
+        no_kernel = ""      # why the kernel route was not taken, said where the split declines
+        if for_kernel and plan.moves and inexact_body(body.jaxpr, integers_exact=True) is None:
+            # (float loops are not the kernel's: they go on as before, without a word here)
+            loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
+                                   eqn.params.get("unroll", 1) if name == "scan" else 1)
+            # (the pieces' size first: the split is traced and analysed only where it may pay)
+            rep, why = None, kernel.size_reason(plan.piece_elements, trips * plan.body_eqns, ctx)
+            if why is None:
+                rep, why = loop_carry.split_loop(
+                    eqn, loop, ctx, max_axis, max_pieces, _scalarize_split,
+                    plan.body_permutations,
+                    accept=lambda scan, split: _kernel_verdict(scan, split, ctx))
+            if rep is not None:
+                ctx.report.applied(PASS, eqn, after=(f"rolled, carry split for a kernel: {why}",))
+                ctx.report.count(f"{PASS}.carries_split_for_kernel")
+                return rep
+            if not split_carry:
+                ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: not kept rolled for "
+                                               f"a kernel ({why}); unrolled where the cost "
+                                               f"model says")
+            no_kernel = f"; not kept rolled for a kernel: {why}"
         if split_carry:
             if not plan.moves or not plan.body_permutations:
-                # nothing to make renaming
+                # nothing to make renaming (said only where a kernel was refused)
+                if no_kernel:
+                    ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: carry not split: "
+                                                   f"no permutation of it{no_kernel}")
                 return None
             loop = loop_carry.Loop(trips, body, consts, init, list(xs), reverse,
                                    eqn.params.get("unroll", 1) if name == "scan" else 1)
@@ -340,7 +375,8 @@ def _unroll_rule(ctx, mode, max_axis, piece_of, pending):
                     ctx.report.applied(PASS, eqn, after=(f"rolled, carry split: {why}",))
                     ctx.report.count(f"{PASS}.carries_split")
                     return rep
-            ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: carry not split: {why}")
+            ctx.report.declined(PASS, eqn, f"{name} of {trips} trips: carry not split: "
+                                           f"{why}{no_kernel}")
             return None
         why, summary = _cost.unroll_decision(plan, ctx.target, mode)
         if why is None:
@@ -407,7 +443,8 @@ def carry_split_reason(eqn, ctx) -> str | None:
     pieces: dict = {}
     rule = _unroll_rule(scratch, "auto", loop_axis,
                         lambda j, permuting: _largest_piece(j, loop_axis, permuting, pieces), [])
-    if rule(eqn) is not None and scratch.report.counts.get(f"{PASS}.carries_split"):
+    if rule(eqn) is not None and (scratch.report.counts.get(f"{PASS}.carries_split") or
+                                  scratch.report.counts.get(f"{PASS}.carries_split_for_kernel")):
         return None
     reasons = [d.reason for d in scratch.report.declines]
     return reasons[-1] if reasons else "no permutation along a small axis of the carry"
@@ -426,6 +463,17 @@ def _scalarize_split(ctx, jaxpr, consts) -> tuple:
         return j, None
     reasons = [d.reason for d in scratch.report.declines]
     return None, reasons[-1] if reasons else "nothing to split"
+
+
+def _kernel_verdict(scan, split_body, ctx) -> str | None:
+    """The kernel pass's verdict on a loop split for it: its body as scalarize splits it, with
+    the reshapes of pieces that renaming leaves taken away as the movement pass will take them
+    (asked with a scratch report)."""
+    if ctx.options.movement:
+        scratch = dataclasses.replace(ctx, report=Report())
+        split_body, _ = movement.simplify(split_body, scratch.report, ctx=scratch)
+        split_body, _ = _walk.dce(split_body)
+    return kernel.loop_reason(scan, split_body, ctx)
 
 
 def _scalarize_verdict(ctx, jaxpr, consts) -> str | None:

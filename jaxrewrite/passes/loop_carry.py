@@ -199,11 +199,12 @@ def const_axes(loop: Loop, elements: int, max_axis: int, max_pieces: int) -> lis
 
 
 def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_split,
-               permutations: int = 0):
+               permutations: int = 0, accept=None):
     """(Replacement, what was split) or (None, why not); `permutations`: of carried data, per
     trip (`backend.cost.split_pays`). `scalarize_split(ctx, jaxpr, consts)`:
     scalarize's split of one level, asked without recording it ((split level, None) or
-    (None, its reason))."""
+    (None, its reason)). `accept(scan, split body)`: None to take the split, else why not
+    (the kernel pass's verdict on the loop it would get, where flatten splits for it)."""
     layout = [carry_axes(v, max_axis, max_pieces) for v in loop.init]
     if not any(layout):
         return None, "no small axis in the carry"
@@ -238,7 +239,10 @@ def split_loop(eqn, loop: Loop, ctx, max_axis: int, max_pieces: int, scalarize_s
         rejoined = sum(1 for e in split_body.eqns if e.primitive.name == "stack"
                        and any(not C.is_literal(a) and a in pieces for a in e.invars))
         if not rejoined:
-            break
+            why = accept(scan, split_body) if accept is not None else None
+            if why is None:
+                break
+            continue
         why = f"the split body would re-join carried pieces {rejoined} time(s) every trip"
     else:
         return None, why

@@ -1,0 +1,582 @@
+"""One Pallas TPU kernel for a region of integer work on split pieces (TPU first).
+
+flatten and scalarize leave a vmapped rounds program as separate words, pieces of N elements
+(`u32[N]`); XLA:TPU still runs them as dozens of fusions that each read and write their words
+through HBM (ChaCha20 over 1,048,576 blocks: 36-79 launches). Here such a region becomes one
+`pallas_call`: each piece laid out as (N/128, 128) words, one grid step per (R, 128) tile of
+every piece, the region's own equations evaluated on the loaded tiles, its loops inside:
+
+    before:  w0..w15:u32[N] = pieces of x
+             _, s0..s15 = scan[length=10]{ (i, c0..c15) -> (i + 1, rounds(c0..c15)) } 0 w0..w15
+             y0 = add s0 w0 ; ... ; y15 = add s15 w15
+             y = join(y0..y15)
+    after:   t0..t15:u32[N/128,128] = reshape w0..w15           (a bitcast: N % 1,024 == 0)
+             o0..o15 = pallas_call[grid=(ceil(N/128/R),), blocks (R, 128) of every operand]{
+                 c = the tiles of t0..t15 ; s = fori_loop(0, 10, rounds, (0, c)) ; out s + c }
+             y0..y15 = reshape o0..o15 ; y = join(y0..y15)
+
+The region, found at the program's top level and in the bodies of `jit` calls made there
+(one batch size N per region, in program order; an equation that depends on the region and
+feeds it cuts it), holds:
+- equations of `backend.mosaic.KERNEL_PRIMITIVES` on 32-bit integer or boolean pieces of N
+  elements and on scalars (literals stay literals in the body; other scalars are SMEM
+  operands), a scalar broadcast to a piece, an iota along a piece (made from the grid step);
+- `scan` loops without xs and `while` loops whose condition reads scalars only, carrying
+  pieces and scalars, whose bodies hold only such equations (and calls of them); a scalar
+  result of a loop must be unused after it (the kernel returns pieces);
+- `jit` calls of such bodies.
+Each region equation computes element i of its pieces from element i of its operands, so a
+tile of every piece is computed on its own. Bit for bit jax.jit's: the same primitives on the
+same words (each row of the table is one Mosaic op that computes XLA's result), loops as
+`fori_loop`/`while_loop` of the same bodies; a shift whose amount is not a literal below 32 is
+computed as XLA defines it (`_shift`).
+
+Declined with the reason (the region stays XLA's): floats (Mosaic would round them as it
+does), 64-bit and narrow integers, primitives outside the table, pieces that are not a whole
+number of (8, 128) tiles (not padded), effects at the level, a program over several devices,
+and `backend.cost.kernel_decision` (`kernel="auto"`: on the TPU, pieces of at least
+`kernel_min_elements` and a loop or `kernel_min_eqns` equations).
+
+On the TPU flatten keeps a counted loop rolled with its carry split (the TPU's loop row:
+`backend.cost.LOOP_COSTS`; where this pass will take it, `loop_reason`, whatever that row's
+thresholds say), and `rounds` rolls a Python loop of rounds into one, so the loop runs inside
+the kernel; a straight-line region goes into the kernel as it is.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _compat as C
+from .. import _walk
+from ..backend import cost as _cost
+from ..backend import mosaic
+
+NAME = "kernel"
+_LOOPS = frozenset({"scan", "while"})
+_CALLS = frozenset({"jit", "pjit"})
+# Data movement at a region's edges (the split and the re-join of the user's arrays): XLA's,
+# and not worth a decline each.
+_EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concatenate",
+                    "transpose", "broadcast_in_dim", "gather", "dynamic_slice", "pad", "rev",
+                    "iota", "expand_dims", "copy", "copy_p", "split", "dynamic_update_slice",
+                    "scatter"})
+_MAX_KERNELS = 16        # kernels emitted per level (each a walk of the level after it)
+
+
+def _shape(atom) -> tuple:
+    return tuple(getattr(C.aval_of(atom), "shape", ()))
+
+
+def _dtype(atom):
+    return C.aval_of(atom).dtype
+
+
+def _piece_length(eqn) -> int | None:
+    """The length of the first 1-D result of `eqn` (a piece it would compute), or None."""
+    for v in eqn.outvars:
+        s = _shape(v)
+        if len(s) == 1:
+            return s[0]
+    return None
+
+
+# --- what a kernel body may hold --------------------------------------------------------------
+
+class _Unfit(Exception):
+    """An equation that cannot be in a kernel body; the message is the reason."""
+
+
+def _value(atom, n: int, what: str) -> None:
+    """`atom` is a piece of `n` elements or a scalar, of a dtype tiles hold."""
+    s = _shape(atom)
+    if s not in ((), (n,)):
+        raise _Unfit(f"{what} of shape {s} (neither a piece of {n} nor a scalar)")
+    if C.is_literal(atom) and s:
+        raise _Unfit(f"{what}: a literal of {s} (only scalar literals stay in the body)")
+    why = mosaic.dtype_reason(_dtype(atom))
+    if why is not None:
+        raise _Unfit(why)
+
+
+def _check_eqn(eqn, n: int) -> None:
+    """Raise `_Unfit` where `eqn` cannot be evaluated on tiles of pieces of `n` elements."""
+    name = eqn.primitive.name
+    if eqn.effects:
+        raise _Unfit(f"'{name}' has effects")
+    if name in _LOOPS:
+        _check_loop(eqn, n)
+        return
+    if name in _CALLS:
+        if not _walk.plain_call(eqn):
+            raise _Unfit("a jit call with shardings, layouts, donation or options")
+        body = eqn.params["jaxpr"]
+        for a in (*eqn.invars, *eqn.outvars):
+            _value(a, n, "a call's operand")
+        _check_body(body, n)
+        return
+    for v in eqn.outvars:
+        _value(v, n, f"'{name}' result")
+    if name == "broadcast_in_dim":
+        if _shape(eqn.invars[0]) != () or _shape(eqn.outvars[0]) != (n,):
+            raise _Unfit("broadcast_in_dim of a non-scalar")
+        _value(eqn.invars[0], n, "broadcast operand")
+        return
+    if name == "iota":
+        p = eqn.params
+        if (_shape(eqn.outvars[0]) != (n,) or np.dtype(p["dtype"]) not in mosaic.WORD_DTYPES
+                or not C.replicated(p.get("sharding")) or n > np.iinfo(np.int32).max):
+            raise _Unfit("an iota that is not a 32-bit count along a piece")
+        return
+    why = mosaic.primitive_reason(name, [_dtype(a) for a in eqn.invars])
+    if why is not None:
+        raise _Unfit(why)
+    for a in eqn.invars:
+        _value(a, n, f"'{name}' operand")
+    if name == "select_n" and not mosaic.select_ok(len(eqn.invars) - 1, _dtype(eqn.invars[0])):
+        raise _Unfit("select_n of more than two cases or on an integer predicate")
+    if name == "convert_element_type" and not mosaic.convert_ok(_dtype(eqn.invars[0]),
+                                                                _dtype(eqn.outvars[0])):
+        raise _Unfit("convert_element_type outside 32-bit words and booleans")
+
+
+def _check_body(cj, n: int, scalars_only: bool = False) -> None:
+    """Every equation of a nested body (a loop's, a call's) fits; its constants are scalars
+    (`scalars_only`: a loop condition, which must not read pieces)."""
+    if any(np.ndim(c) for c in cj.consts):
+        raise _Unfit("a body closing over a constant array")
+    for e in cj.jaxpr.eqns:
+        _check_eqn(e, n)
+        if scalars_only and any(_shape(a) for a in (*e.invars, *e.outvars)):
+            raise _Unfit("a loop condition that reads pieces (trips per element)")
+
+
+def _check_loop(eqn, n: int, body=None) -> None:
+    """A loop the kernel runs: carries and constants pieces or scalars (a constant its body
+    never reads may be anything: lax.scan leaves hoisted literals as unused operands), no xs,
+    a condition on scalars. `body`: a Jaxpr in place of the loop's own (flatten asks)."""
+    p = eqn.params
+    if eqn.primitive.name == "scan":
+        nc, nk = p["num_consts"], p["num_carry"]
+        if len(eqn.invars) > nc + nk:
+            raise _Unfit("a scan over xs (per-trip slices are not done)")
+        cj = p["jaxpr"] if body is None else C.closed(body, ())
+        read = _read_vars(cj.jaxpr)
+        for k, (a, v) in enumerate(zip(eqn.invars, cj.jaxpr.invars)):
+            if k >= nc or v in read:
+                _value(a, n, "a loop's carry or constant")
+        _check_body(cj, n)
+        return
+    for a in eqn.invars:
+        _value(a, n, "a loop's carry or constant")
+    _check_body(p["cond_jaxpr"], n, scalars_only=True)
+    _check_body(p["body_jaxpr"] if body is None else C.closed(body, ()), n)
+
+
+def _read_vars(jaxpr) -> set:
+    reads = {a for e in jaxpr.eqns for a in e.invars if not C.is_literal(a)}
+    return reads | {a for a in jaxpr.outvars if not C.is_literal(a)}
+
+
+def _work(eqns) -> tuple[int, int, list]:
+    """(equations, counting each loop body once per trip, where known; loops; trip counts)."""
+    total, loops, trips = 0, 0, []
+    for e in eqns:
+        name = e.primitive.name
+        if name == "scan":
+            inner, _, _ = _work(e.params["jaxpr"].jaxpr.eqns)
+            total += e.params["length"] * inner
+            loops += 1
+            trips.append(e.params["length"])
+        elif name == "while":
+            inner, _, _ = _work(e.params["body_jaxpr"].jaxpr.eqns)
+            total += inner
+            loops += 1
+            trips.append(None)
+        elif name in _CALLS:
+            inner, k, t = _work(e.params["jaxpr"].jaxpr.eqns)
+            total, loops, trips = total + inner, loops + k, trips + t
+        else:
+            total += 1
+    return total, loops, trips
+
+
+# --- the kernel body: the region's jaxpr evaluated on tiles -------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Tile:
+    shape: tuple          # (rows, 128)
+
+    def first_element(self):
+        """The index, along the piece, of this grid step's first element."""
+        return C.pallas_program_id(0) * (self.shape[0] * self.shape[1])
+
+
+def evaluate(jaxpr, consts, args, tile: _Tile) -> list:
+    """`jax.core.eval_jaxpr` of a region on tiles: every equation's primitive bound on the
+    tiles as it is, except those whose params name the piece's shape or a body (`_TILE_RULES`:
+    loops, calls, broadcasts of scalars, iotas; shifts whose amount may be 32 or more)."""
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(a):
+        if C.is_literal(a):
+            val = C.literal_value(a)
+            # (a non-scalar literal is an unused loop constant: `_check_loop`)
+            return np.dtype(C.aval_of(a).dtype).type(val) if not np.ndim(val) else val
+        return env[a]
+
+    for e in jaxpr.eqns:
+        vals = [read(a) for a in e.invars]
+        rule = _TILE_RULES.get(e.primitive.name)
+        if rule is not None:
+            outs = rule(e, vals, tile)
+        else:
+            outs = e.primitive.bind(*vals, **e.params)
+            outs = list(outs) if e.primitive.multiple_results else [outs]
+        env.update(zip(e.outvars, outs))
+    return [read(a) for a in jaxpr.outvars]
+
+
+def _typed(v, atom):
+    """An initial carry of a loop in the kernel: a literal as a value of its own dtype."""
+    return jnp.asarray(v, _dtype(atom)) if np.ndim(v) == 0 and not hasattr(v, "aval") else v
+
+
+def _scan(e, vals, tile):
+    p = e.params
+    nc = p["num_consts"]
+    body = p["jaxpr"]
+    consts = vals[:nc]
+
+    def step(_, carry):
+        return tuple(evaluate(body.jaxpr, body.consts, [*consts, *carry], tile))
+
+    init = tuple(_typed(v, a) for v, a in zip(vals[nc:], e.invars[nc:]))
+    # (no xs: the trips are independent of the scan's direction)
+    return list(lax.fori_loop(0, p["length"], step, init))
+
+
+def _while(e, vals, tile):
+    p = e.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts = vals[:cn], vals[cn:cn + bn]
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    init = tuple(_typed(v, a) for v, a in zip(vals[cn + bn:], e.invars[cn + bn:]))
+    return list(lax.while_loop(
+        lambda c: evaluate(cond.jaxpr, cond.consts, [*cconsts, *c], tile)[0],
+        lambda c: tuple(evaluate(body.jaxpr, body.consts, [*bconsts, *c], tile)), init))
+
+
+def _call(e, vals, tile):
+    body = e.params["jaxpr"]
+    return evaluate(body.jaxpr, body.consts, vals, tile)
+
+
+def _broadcast(e, vals, tile):
+    return [lax.full(tile.shape, vals[0], _dtype(e.outvars[0]))]
+
+
+def _iota(e, vals, tile):
+    """Element i of the piece is i: this tile's first element plus its row-major offset."""
+    rows = lax.broadcasted_iota(np.int32, tile.shape, 0)
+    lanes = lax.broadcasted_iota(np.int32, tile.shape, 1)
+    idx = tile.first_element() + rows * tile.shape[1] + lanes
+    return [lax.convert_element_type(idx, _dtype(e.outvars[0]))]
+
+
+def _shift(e, vals, tile):
+    """XLA's shift for every amount: amounts of 32 or more (as unsigned) give 0, or the sign
+    for an arithmetic right shift; Mosaic's `shli`/`shrui`/`shrsi` define only smaller ones. A
+    literal amount below 32 is bound as it is."""
+    x, d = vals
+    amount = e.invars[1]
+    bits = np.dtype(_dtype(e.outvars[0])).itemsize * 8
+    if C.is_literal(amount) and 0 <= int(C.literal_value(amount)) < bits:
+        return [e.primitive.bind(x, d, **e.params)]
+    dtype = np.dtype(_dtype(amount))
+    ok = lax.convert_element_type(d, np.uint32) < np.uint32(bits)
+    safe = jnp.where(ok, d, dtype.type(0))
+    shifted = e.primitive.bind(x, safe, **e.params)
+    if e.primitive.name == "shift_right_arithmetic":
+        fill = e.primitive.bind(x, dtype.type(bits - 1), **e.params)
+    else:
+        fill = jnp.zeros_like(shifted)
+    return [jnp.where(ok, shifted, fill)]
+
+
+_TILE_RULES = {
+    "scan": _scan, "while": _while, "jit": _call, "pjit": _call,
+    "broadcast_in_dim": _broadcast, "iota": _iota,
+    **{name: _shift for name in mosaic.SHIFTS},
+}
+
+
+# --- regions at one level --------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Region:
+    n: int
+    members: list          # equations, in program order
+    inputs: list           # vars read from outside (pieces and scalars)
+    outputs: list          # vars used after it (pieces)
+    before: list           # the level's other equations that go before the kernel
+    after: list            # ... and after it (they depend on the region)
+
+
+def _fit(eqn, n, uses) -> str | None:
+    """Why `eqn` cannot be a region equation on pieces of `n` (None: it can)."""
+    try:
+        _check_eqn(eqn, n)
+    except _Unfit as u:
+        return str(u)
+    for v in eqn.outvars:
+        if _shape(v) != (n,) and not C.is_dropvar(v) and uses.get(v, 0):
+            return f"a scalar result of '{eqn.primitive.name}' is used after it"
+    return None
+
+
+def _fits(eqns, outvars) -> dict:
+    """id(equation) -> the piece length it may be a region equation on, for those that may."""
+    uses = collections.Counter(a for e in eqns for a in e.invars if not C.is_literal(a))
+    uses.update(a for a in outvars if not C.is_literal(a))
+    out = {}
+    for e in eqns:
+        n = _piece_length(e)
+        if n is not None and _fit(e, n, uses) is None:
+            out[id(e)] = n
+    return out
+
+
+def _grow(eqns, first: int, n: int, fits: dict, excluded: set, outvars) -> _Region:
+    """The region of pieces of `n` starting at `eqns[first]`: every fitting equation on `n`
+    (not `excluded`: in a region already) that does not depend on an equation outside the
+    region that depends on the region."""
+    members, produced, taint = [], set(), set()
+    before, after = list(eqns[:first]), []
+    for e in eqns[first:]:
+        ins = [a for a in e.invars if not C.is_literal(a)]
+        if (fits.get(id(e)) == n and e.outvars[0] not in excluded
+                and not any(a in taint for a in ins)):
+            members.append(e)
+            produced.update(e.outvars)
+        elif any(a in produced or a in taint for a in ins):
+            taint.update(e.outvars)
+            after.append(e)
+        else:
+            before.append(e)
+    inputs = list(dict.fromkeys(a for e in members for a in e.invars
+                                if not C.is_literal(a) and a not in produced))
+    read_after = {a for e in after for a in e.invars if not C.is_literal(a)}
+    read_after |= {a for a in outvars if not C.is_literal(a)}
+    outputs = [v for e in members for v in e.outvars
+               if not C.is_dropvar(v) and v in read_after]
+    return _Region(n, members, inputs, outputs, before, after)
+
+
+def _level(cj, ctx, mode, memo) -> tuple:
+    """(the level with its regions as kernels, changed) for one jaxpr level and the bodies of
+    the calls made there."""
+    hit = memo.get(id(cj.jaxpr))
+    if hit is not None and hit[0] is cj:
+        return hit[1]
+    j = cj.jaxpr
+    eqns, outvars = list(j.eqns), list(j.outvars)
+    changed = False
+    excluded: set = set()        # equations already in a region (by their first result)
+    kernels = 0
+    # (effects: a region's equations would move past others)
+    fits = {} if any(e.effects for e in eqns) else _fits(eqns, outvars)
+    while kernels < _MAX_KERNELS:
+        first = next((i for i, e in enumerate(eqns)
+                      if id(e) in fits and e.outvars[0] not in excluded), None)
+        if first is None:
+            break
+        region = _grow(eqns, first, fits[id(eqns[first])], fits, excluded, outvars)
+        excluded.update(e.outvars[0] for e in region.members)
+        new = _emit(region, ctx, mode) if region.outputs else None
+        if new is None:
+            continue
+        kernel_eqns, results = new
+        env = dict(zip(region.outputs, results))
+        eqns = (region.before + kernel_eqns
+                + [_walk.rename_operands(e, env) for e in region.after])
+        outvars = [_walk.substitute(a, env) for a in outvars]
+        # (the kernel's own conversions at its edges are not a region's)
+        excluded.update(e.outvars[0] for e in kernel_eqns)
+        fits = _fits(eqns, outvars)   # (renamed equations are new objects)
+        kernels += 1
+        changed = True
+    # calls made here that no region took run once: their bodies are levels of their own
+    for i, e in enumerate(eqns):
+        if e.primitive.name in _CALLS:
+            body, ch = _level(e.params["jaxpr"], ctx, mode, memo)
+            if ch:
+                eqns[i] = e.replace(params={**e.params, "jaxpr": body})
+                changed = True
+    _say_unfit(eqns, ctx, mode)
+    out = cj, False
+    if changed:
+        out = C.closed(C.replace_jaxpr(j, eqns=eqns, outvars=outvars), cj.consts), True
+    memo[id(cj.jaxpr)] = (cj, out)
+    return out
+
+
+def _say_unfit(eqns, ctx, mode) -> None:
+    """What stays XLA's at a level, said once: each loop on pieces that no kernel takes, with
+    its reason; equations outside the table on integer pieces (they cut a region); work on
+    pieces of a dtype tiles do not hold (floats, 64-bit words), once per dtype."""
+    least = 1 if mode is True else max(1, _cost.costs(ctx.target).kernel_min_eqns)
+    by_dtype: dict = {}
+    for e in eqns:
+        n = _piece_length(e)
+        name = e.primitive.name
+        if n is None or name in _EDGES or name in _CALLS:
+            continue
+        if name in _LOOPS:
+            try:
+                _check_eqn(e, n)
+            except _Unfit as u:
+                ctx.report.declined(NAME, e, f"{name} on pieces of {n} elements stays XLA's: {u}")
+            continue
+        dt = _dtype(e.outvars[0])
+        why = mosaic.dtype_reason(dt)
+        if why is not None:
+            by_dtype.setdefault(why, []).append(e)
+        elif name not in mosaic.KERNEL_PRIMITIVES:
+            ctx.report.declined(NAME, e, f"stays XLA's (no kernel holds it): "
+                                         f"{mosaic.primitive_reason(name, [dt])}")
+    for why, es in by_dtype.items():
+        if len(es) >= least:
+            ctx.report.declined(NAME, es[0], f"{len(es)} equation(s) on pieces of "
+                                             f"{_piece_length(es[0])} elements stay XLA's: {why}")
+
+
+def _emit(region: _Region, ctx, mode):
+    """(the kernel's equations, the region's outputs) or None (declined, recorded)."""
+    n = region.n
+    costs = _cost.costs(ctx.target)
+    rows = costs.kernel_tile_rows
+    work, loops, trips = _work(region.members)
+    site = next((e for e in region.members if e.primitive.name in _LOOPS), region.members[0])
+    if mode == "auto" and not loops and work < costs.kernel_min_eqns:
+        ctx.report.count(f"{NAME}.short_regions")   # (normal: not worth a decline)
+        return None
+    why = (mosaic.tile_reason(n, rows)
+           or _cost.kernel_decision(n, work, loops, mode, ctx.target))
+    if why is not None:
+        ctx.report.declined(NAME, site, f"region of {len(region.members)} equation(s) on pieces "
+                                        f"of {n} elements: {why}")
+        return None
+    total_rows, steps = mosaic.grid(n, rows)
+    interpret = mosaic.interpret()
+    region_cj = C.closed(C.new_jaxpr(region.inputs, region.members, region.outputs,
+                                     name="kernel_region"))
+    pieces = [_shape(v) == (n,) for v in region.inputs]
+    tile = _Tile((rows, mosaic.LANES))
+    word = np.dtype(np.int32)
+
+    def io(dt):  # booleans cross the kernel's boundary as int32
+        return word if np.dtype(dt) == np.bool_ else np.dtype(dt)
+
+    def body(*refs):
+        ins, outs = refs[:len(pieces)], refs[len(pieces):]
+        vals = []
+        for ref, piece, v in zip(ins, pieces, region.inputs):
+            x = ref[...] if piece else ref[0]
+            vals.append(x != 0 if np.dtype(_dtype(v)) == np.bool_ else x)
+        res = evaluate(region_cj.jaxpr, (), vals, tile)
+        for ref, x, v in zip(outs, res, region.outputs):
+            x = lax.convert_element_type(x, io(_dtype(v)))
+            ref[...] = jnp.broadcast_to(x, tile.shape)
+
+    def kernel(*args):
+        ops = []
+        for x, piece in zip(args, pieces):
+            x = x.astype(io(x.dtype))
+            ops.append(x.reshape(total_rows, mosaic.LANES) if piece else x.reshape(1))
+        outs = C.pallas_tiles_call(
+            body, ops, [not p for p in pieces],
+            [((total_rows, mosaic.LANES), io(_dtype(v))) for v in region.outputs],
+            rows, steps, interpret=interpret, name="jaxrewrite_kernel",
+            flops=work * n, bytes_accessed=4 * n * (sum(pieces) + len(region.outputs)),
+            input_fusion=costs.kernel_input_fusion)
+        return [o.reshape(n) != 0 if np.dtype(_dtype(v)) == np.bool_ else o.reshape(n)
+                for o, v in zip(outs, region.outputs)]
+
+    em = _walk.Emitter(site)
+    results = em.call(kernel, *region.inputs)
+    inside = (f"loop{'s' if loops > 1 else ''} of "
+              f"{', '.join('?' if t is None else str(t) for t in trips)} trips inside"
+              if loops else "straight-line")
+    note = (f"{sum(pieces)} piece(s) of {n} in, {len(region.outputs)} out"
+            f"{f', {len(pieces) - sum(pieces)} scalar(s) in SMEM' if not all(pieces) else ''}; "
+            f"{len(region.members)} equation(s), {inside} ({work} evaluated a tile); tiles "
+            f"({rows}, {mosaic.LANES}), grid ({steps},)"
+            f"{'; Pallas interpreter' if interpret else ''}")
+    ctx.report.applied(NAME, site, after=("pallas_call",), note=note)
+    ctx.report.stats.setdefault(NAME, []).append(dict(
+        elements=n, rows=rows, grid=steps, pieces_in=sum(pieces),
+        scalars_in=len(pieces) - sum(pieces), pieces_out=len(region.outputs),
+        eqns=len(region.members), work=work, trips=trips, interpret=interpret))
+    return em.eqns, results
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+def enabled(ctx) -> bool:
+    """Whether this pass may emit kernels for `ctx` (option, target, Pallas, one device, and
+    x64 off where the kernels are Mosaic's)."""
+    return (_cost.kernel_on(ctx.options.kernel, ctx.target) and _refusal(ctx) is None)
+
+
+def _refusal(ctx) -> str | None:
+    """Why no kernel can be emitted in this process for `ctx` at all (None: they can)."""
+    if ctx.devices > 1:
+        return f"program partitioned over {ctx.devices} devices"
+    if not C.pallas_available():
+        return "Pallas cannot be imported here"
+    if C.x64_enabled() and not mosaic.interpret():
+        return ("jax_enable_x64 is on: the grid's index maps would be int64, which Mosaic "
+                "refuses")
+    return None
+
+
+def loop_reason(scan, body, ctx) -> str | None:
+    """None where this pass would put the loop `scan`, with `body` (a Jaxpr: the body its
+    split will have, flatten asks before splitting) in place of its own, into a kernel on
+    `ctx`'s target; else why not (nothing recorded)."""
+    if not enabled(ctx):
+        return f"no kernels on {ctx.target} (kernel={ctx.options.kernel!r})"
+    n = next((_shape(v)[0] for v in scan.outvars if len(_shape(v)) == 1), None)
+    if n is None:
+        return "no piece carried"
+    try:
+        _check_loop(scan, n, body)
+    except _Unfit as u:
+        return str(u)
+    return size_reason(n, scan.params.get("length", 1) * _work(body.eqns)[0], ctx)
+
+
+def size_reason(n: int, work: int, ctx) -> str | None:
+    """Why a loop doing `work` equations on pieces of `n` elements gets no kernel on `ctx`'s
+    target (the tiles, the cost row), else None; asked before anything is traced."""
+    return (mosaic.tile_reason(n, _cost.costs(ctx.target).kernel_tile_rows)
+            or _cost.kernel_decision(n, work, 1, ctx.options.kernel, ctx.target))
+
+
+def run(cj, ctx):
+    """Regions of integer work on pieces become kernels (module docstring)."""
+    mode = ctx.options.kernel
+    if not _cost.kernel_on(mode, ctx.target):
+        return cj, False
+    why = _refusal(ctx)
+    if why is not None:
+        if mode is True and cj.jaxpr.eqns:
+            ctx.report.declined(NAME, cj.jaxpr.eqns[0], why)
+        return cj, False
+    return _level(cj, ctx, mode, {})
