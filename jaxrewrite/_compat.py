@@ -142,6 +142,8 @@ def eqn_typing_error(eqn) -> str | None:
     """Why `eqn` is ill typed (its literals, its primitive's typing rule on its operands' avals
     against its results' avals, as `check_jaxpr` checks each equation), or None. Nested jaxprs
     are checked where the primitive's own rule checks them (jit, scan, while, cond)."""
+    if any(is_varying(v.aval) for v in (*eqn.invars, *eqn.outvars)):
+        return None   # typed under its shard_map body's manual mesh only (traced there)
     try:
         for a in eqn.invars:
             if isinstance(a, Literal) and not _core.typecheck(a.aval, a.val):
