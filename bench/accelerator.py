@@ -378,7 +378,7 @@ def drawn_recipes(n_arx: int, seed: int = 1) -> list:
     """`n_arx` ARX recipes from bench/never_worse.py's generator (its `_draw`, a seeded
     random.Random), their loops taken round-robin as `fori_loop`, Python loop and jitted
     helpers; then one recipe of each other kind in `jaxrewrite.strategies`, its fields drawn
-    from the same generator."""
+    by a `random.Random` of the same seed."""
     import never_worse
     from jaxrewrite import strategies as S
     arx = [dataclasses.replace(r, wrap=("fori", "", "jit")[k % 3])
