@@ -180,10 +180,23 @@ def gpu_launches(hlo: str, trips: int = 1) -> int:
     return total
 
 
+def on_cpu() -> bool:
+    """Whether programs run on XLA:CPU here (the default backend): what CPU-only measurements
+    (one-core pinning, OpenSSL beside it, XLA:CPU's compile options) need."""
+    return jax.default_backend() == "cpu"
+
+
+def device() -> dict:
+    """The backend and the device the programs run on, for every table's metadata."""
+    d = jax.devices()[0]
+    return dict(backend=jax.default_backend(), device_kind=d.device_kind,
+                device_count=jax.device_count())
+
+
 def write_results(name: str, rows: list[dict], meta: dict | None = None) -> str:
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")
-    payload = dict(name=name, jax=jax.__version__, backend=jax.default_backend(),
+    payload = dict(name=name, jax=jax.__version__, **device(),
                    date=time.strftime("%Y-%m-%d %H:%M:%S"), xla_flags=os.environ.get("XLA_FLAGS"),
                    meta=meta or {}, rows=rows)
     with open(path, "w") as f:

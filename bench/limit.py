@@ -20,6 +20,8 @@ in `lax.fori_loop`), vmapped over 1,024 / 16,384 / 65,536 blocks (and 1,048,576 
 - `openssl`:        `openssl speed -evp chacha20` on one core for the same bytes (64 per block),
                     its own rate measured in the same run (skipped, with the reason, where no
                     `openssl` is found).
+On another backend (a TPU) the CPU-only parts are left out, each cell saying why: the one-core
+runs, OpenSSL beside them, and `optimize, XLA's copies` (an XLA:CPU compile option).
 
 Columns: run time (paired rounds, medians, one process) and its ratio to `jit`, to `hand` and to
 `openssl`; `cores`: CPU seconds per wall second of a call (XLA:CPU splits a long enough fusion
@@ -98,8 +100,10 @@ def chacha(n: int, quick: bool) -> list[dict]:
         "optimize tile=False": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori")),
                                                            tile=False),
         "optimize": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori"))),
-        "optimize, XLA's copies": lambda: jaxrewrite.optimize(jax.vmap(chacha_loop("fori")),
-                                                              compiler_options=KEEP_COPIES),
+        # (an XLA:CPU option, so on the CPU only)
+        **({"optimize, XLA's copies": lambda: jaxrewrite.optimize(
+            jax.vmap(chacha_loop("fori")), compiler_options=KEEP_COPIES)}
+           if _common.on_cpu() else {}),
         # the same rounds as a Python loop (of the author's jitted double round; of inline
         # `jnp.take` code): jax.jit unrolls them, optimize rolls them first (passes/rounds.py)
         "jit (Python loop)": lambda: jax.jit(jax.vmap(chacha_loop("python"))),
@@ -133,11 +137,15 @@ def _table(program: str, n: int, x, variants: dict, quick: bool, cipher: str) ->
     calls = {k: (lambda c=c: c(x)) for k, c in compiled.items()}
     reps = 5 if quick else (9 if n <= 65536 else 5)
     med, cores = _common.paired_with_cores(calls, repeats=reps)
-    with _common.one_core() as core:
-        one = _common.paired({k: calls[k] for k in ONE_CORE if k in calls}, repeats=reps) \
-            if core is not None else {}
-    unpinned = "skipped: threads cannot be pinned here" if core is None else ""
-    ossl, why = openssl_seconds(n * BYTES_PER_BLOCK, cipher)
+    one, unpinned = {}, f"skipped: the programs run on {jax.default_backend()}, not the CPU"
+    if _common.on_cpu():  # one core, and OpenSSL on one core, set beside the CPU's runs only
+        with _common.one_core() as core:
+            one = _common.paired({k: calls[k] for k in ONE_CORE if k in calls},
+                                 repeats=reps) if core is not None else {}
+        unpinned = "skipped: threads cannot be pinned here" if core is None else ""
+        ossl, why = openssl_seconds(n * BYTES_PER_BLOCK, cipher)
+    else:
+        ossl, why = None, f"the programs run on {jax.default_backend()}, not the CPU"
     comp = {k: statistics.median(v) for k, v in walls.items()}
     hand = med.get("hand")
     rows = []
@@ -237,8 +245,8 @@ def blake2s(n: int, quick: bool) -> list[dict]:
         "jit (A/A)": lambda: jax.jit(lambda s: author(s)),
         "optimize tile=False": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block), tile=False),
         "optimize": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block)),
-        "optimize, XLA's copies": lambda: jaxrewrite.optimize(jax.vmap(blake2s_block),
-                                                              compiler_options=KEEP_COPIES),
+        **({"optimize, XLA's copies": lambda: jaxrewrite.optimize(
+            jax.vmap(blake2s_block), compiler_options=KEEP_COPIES)} if _common.on_cpu() else {}),
     }
     rows = _table("blake2s (author's fori form)", n, m, variants, quick, "blake2s256")
     got = np.asarray(jax.jit(author)(m[:1]))[0].astype("<u4").tobytes()

@@ -248,7 +248,10 @@ def _table(program, variants: dict, arg, baseline: str, reference, repeats: int,
     for name, make in variants.items():
         compiled = compiled_by[name]
         out = np.asarray(compiled(arg))
-        row = dict(program=program, form=name, cpu_fusions=_common.cpu_fusions(compiled),
+        # (the `_cpu` columns are the local backend's; on another one, its fusions go in
+        # `fusions` and the JSON's `backend` says which)
+        fusions = {"cpu_fusions" if _common.on_cpu() else "fusions": _common.cpu_fusions(compiled)}
+        row = dict(program=program, form=name, **fusions,
                    compile_s_cpu=statistics.median(walls[name]),
                    compile_cpu_s_cpu=statistics.median(cpus[name]),
                    exact=bool(np.array_equal(out, reference)))

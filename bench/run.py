@@ -39,9 +39,11 @@ import _common  # noqa: E402
 
 KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
 # (never_worse: a tool for one generated program at a time, with no table of its own; keccak:
-# the programs bench/permutations.py --keccak measures; tpu_costs: the TPU cost rows'
-# measurements, run on the chip)
-_NOT_BENCHES = {"run", "never_worse", "keccak", "tpu_costs"}
+# the programs bench/permutations.py --keccak measures; accelerator, tpu_costs, tpu_kernel,
+# batched_updates: runs of their own, one process on a device within a budget, each
+# `python bench/<name>.py`)
+_NOT_BENCHES = {"run", "never_worse", "keccak", "accelerator", "tpu_costs", "tpu_kernel",
+                "batched_updates"}
 
 
 def discover(only: list[str] | None) -> list[str]:
@@ -221,8 +223,11 @@ def command_line(args) -> str:
 def section(name: str, payload: dict, charts: list[str], out: str, level: str = "##",
             columns=None) -> str:
     meta = payload.get("meta", {})
+    kind = payload.get("device_kind")   # the device, where its name says more than the backend's
+    device = f" ({kind})" if kind and kind != payload.get("backend") else ""
     lines = [f"{level} {name}", "",
-             f"jax {payload.get('jax')}, backend {payload.get('backend')}, {payload.get('date')}"
+             f"jax {payload.get('jax')}, backend {payload.get('backend')}{device}, "
+             f"{payload.get('date')}"
              f"{', quick' if meta.get('quick') else ''}, {meta.get('seconds', 0):.0f} s. "
              f"Ratios are optimize / jax.jit in one process (paired medians).", "",
              _common.markdown_table(payload["rows"], columns or meta.get("columns") or None), ""]

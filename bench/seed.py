@@ -33,6 +33,7 @@ from jax import lax  # noqa: E402
 import jaxrewrite  # noqa: E402
 from jaxrewrite import _walk  # noqa: E402
 from jaxrewrite._explain import inner_jaxprs  # noqa: E402
+from jaxrewrite.testing import assert_contract_equal  # noqa: E402
 
 NAME = "seed"
 COLUMNS = ("program", "eqns_jit", "eqns_opt", "jaxprs_jit", "jaxprs_opt", "funcs_jit", "funcs_opt",
@@ -149,7 +150,9 @@ def measure(name: str, fn, arg, quick: bool, gpu_target: str | None = None) -> d
     ph = _common.paired_phases({"jit": lambda: jax.jit(fn), "opt": lambda: jaxrewrite.optimize(fn)},
                                (arg,), repeats=reps)
     jit_f, opt_f = jax.jit(fn), jaxrewrite.optimize(fn)
-    np.testing.assert_array_equal(np.asarray(jit_f(arg)), np.asarray(opt_f(arg)))
+    # integers bit for bit, floats (the loop programs) within the contract: on a TPU the
+    # rounding of float math follows its fusions, as on any backend
+    assert_contract_equal(opt_f(arg), jit_f(arg), meta=False)
     tj, to = jit_f.trace(arg).jaxpr, opt_f.trace(arg).jaxpr
     run = _common.paired_calls({"jit": lambda: jit_f(arg), "opt": lambda: opt_f(arg)},
                                repeats=5 if quick else 11,

@@ -1,7 +1,34 @@
-"""Test configuration: hypothesis profiles.
+"""Test configuration: hypothesis profiles, and what changes on an accelerator host.
 
-`default` keeps the whole suite within its CI budget (2 cores); `long` is for .ci/run's
-time-bounded extended fuzzing (`HYPOTHESIS_PROFILE=long`).
+Profiles (`HYPOTHESIS_PROFILE=...`): `default` keeps the whole suite within its CI budget
+(2 cores); `long` is for .ci/run's time-bounded extended fuzzing; `tpu` draws 8 examples where
+`default` draws 25 (and the fuzz tests cap their own counts at that), for a run on the chip,
+where every example's compiles cost more.
+
+On a TPU host (JAX 0.10.2, Python 3.11; the project not installed), from the repository root,
+in one process (one process at a time may hold the chip: no `-n`):
+
+    export PYTHONPATH=$PWD:$PYTHONPATH HYPOTHESIS_PROFILE=tpu
+    python3 -m pytest -q -p no:cacheprovider
+
+or in two halves of about equal time, by the files' names (a new file lands in one of them):
+
+    python3 -m pytest -q -p no:cacheprovider tests/test_[a-n]*.py
+    python3 -m pytest -q -p no:cacheprovider tests/test_[o-z]*.py
+
+What differs there, and why (tests/ says so where it matters):
+- JAX's import-time notices ("Transparent hugepages are not enabled", "cloud_tpu_init failed")
+  are ignored by name in setup.cfg; every other warning is still an error.
+- Float matmuls run at full f32 precision in every test (`jax_default_matmul_precision`
+  "highest", below): the TPU's default passes bf16, so one rounding more or less before a
+  contraction would move results by far more than the contract's tolerance, which is defined
+  against XLA's fusion-dependent f32 rounding. bench/accelerator.py measures the default.
+- A test about one target's decisions asks for that target (`target="cpu"`); the programs it
+  checks still run on the default backend. Tests of what XLA:CPU itself does (its compile
+  options, fusion counts, autotune compiling for target 'cpu', run times held to the CPU's
+  never-worse promise) are skipped elsewhere, each with its reason.
+- Child processes run with JAX_PLATFORMS=cpu (the parent holds the chip) and compare integers
+  or the contract, not float bits across backends.
 """
 import os
 
@@ -15,7 +42,26 @@ settings.register_profile(
 settings.register_profile(
     "long", deadline=None, max_examples=2000, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "tpu", deadline=None, max_examples=8, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def f32_matmuls_off_the_cpu():
+    """On an accelerator, float matmuls at full f32 precision for the whole session (every
+    thread: a config value, not a context). On the CPU nothing is set (XLA:CPU computes f32)."""
+    import jax
+    if jax.default_backend() == "cpu":
+        yield
+        return
+    before = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_matmul_precision", before)
 
 
 @pytest.fixture

@@ -39,7 +39,9 @@ _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filte
 # Hypothesis's `explain` phase imports a module that warns (DeprecationWarning), which pytest's
 # warnings-as-errors turns into an INTERNALERROR hiding the failing example: skip that phase.
 _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]
-_FAST = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+# (counts capped by the loaded profile's: `HYPOTHESIS_PROFILE=tpu` draws fewer, tests/conftest.py)
+_CAP = settings.default.max_examples
+_FAST = settings(max_examples=min(12, _CAP), deadline=None, derandomize=True, database=None,
                  suppress_health_check=_SUPPRESS, phases=_PHASES)
 
 
@@ -91,13 +93,13 @@ def test_rewrite_options_are_discovered():
         assert len(vals) >= 2, name
 
 
-@settings(_FAST, max_examples=20)
+@settings(_FAST, max_examples=min(20, _CAP))
 @given(prog=S.programs(max_ops=12), options=S.option_sets())
 def test_fuzz_programs_equal_jax_jit(prog, options):
     _check(prog, options)
 
 
-@settings(_FAST, max_examples=5)
+@settings(_FAST, max_examples=min(5, _CAP))
 @given(prog=S.programs(max_ops=6, names=list(S.MOVEMENT) + ["add", "mul", "neg"], depth=0))
 def test_fuzz_data_movement_every_option(prog):
     """Data movement and indexing (what the gather/movement passes see), each option toggled:
@@ -108,7 +110,7 @@ def test_fuzz_data_movement_every_option(prog):
             assert_equivalent(prog.fn, *prog.args, grad=False, vmap=False, **{name: v}, **_CHECKS, bitwise=True)
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+@settings(max_examples=min(6, _CAP), deadline=None, derandomize=True, database=None,
           suppress_health_check=_SUPPRESS, phases=_PHASES)
 @given(prog=S.programs(max_ops=10, depth=1))
 def test_fuzz_rewrite_is_idempotent(prog):

@@ -15,12 +15,20 @@ import pytest
 import jaxrewrite
 from jaxrewrite import _compat as C
 from jaxrewrite._api import rewrite_jaxpr_with_report
+from jaxrewrite.backend import autotune as _autotune
 from jaxrewrite.backend import cost as _cost
 from jaxrewrite.passes import reroll
 from jaxrewrite.testing import assert_equivalent
 
 RTOL = 1e-5
 RNG = np.random.default_rng(0)
+
+# `autotune="time"` measures on the local backend only: target='cpu' (every rewrite here) is
+# measured where the CPU is the default backend (on a TPU host the model decides)
+cpu_compiler = pytest.mark.skipif(
+    _autotune.compiler_for("cpu")[0] != "local",
+    reason="measures rolled forms for target='cpu', which autotune does only where the CPU is "
+           "the default backend (autotune.compiler_for)")
 
 # --- an e3nn-like block: irreps chunks, products with a constant table, concatenated, gated ----
 
@@ -175,6 +183,7 @@ def test_rule_rows():
     assert _cost.reroll_body({}, 0, 3, "cpu") is None                      # no contraction
 
 
+@cpu_compiler
 def test_short_chains_of_contractions_stay_unrolled_unless_measured(cache_dir, monkeypatch):
     """Three layers (a qujax circuit's, 1.03-1.07x rolled) are declined with the estimate; four
     roll; `autotune="time"` measures the three instead."""
@@ -194,6 +203,7 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@cpu_compiler
 def test_autotune_time_measures_instead_of_declining(cache_dir, monkeypatch):
     """The verdict is soft: with autotune="time" the chain is rolled and the whole program
     measured; here the measurement is made to keep it (a rolled program that wins)."""
@@ -207,6 +217,7 @@ def test_autotune_time_measures_instead_of_declining(cache_dir, monkeypatch):
     assert_equivalent(_gc_net, *args, reroll=True, autotune="time", rtol=RTOL, vmap=False)
 
 
+@cpu_compiler
 def test_autotune_time_can_still_decline_by_measurement(cache_dir, monkeypatch):
     monkeypatch.setitem(_cost.REROLL_TIMED, "cpu", (0.0, 0.0))             # nothing can win
     cj, report = _rewrite(_gc_net, *_gc_args(), reroll=True, autotune="time")

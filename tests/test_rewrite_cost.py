@@ -66,10 +66,10 @@ def test_large_batch_declines_say_why():
     """The window set needs a pad/concatenate; past SPLIT_MAX_ELEMENTS none is searched, and the
     decline says so instead of pointing at gathers='all' (which would not change it)."""
     fn, make = SCATTERS["vmapped .at[..., 3, 1:4].set"]
-    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*make(65536)))
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*make(65536)), target="cpu")
     assert primitive_counts(res.jaxpr).get("scatter") == 1     # the CPU keeps it in place
     assert any("in-place update" in d.reason for d in res.report.declines)
-    for options in ({"gathers": "all"}, {"target": "gpu"}):
+    for options in ({"gathers": "all", "target": "cpu"}, {"target": "gpu"}):
         res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*make(65536)), **options)
         reasons = [d.reason for d in res.report.declines if d.pass_name == "gathers"]
         assert primitive_counts(res.jaxpr).get("scatter") == 1

@@ -1,7 +1,8 @@
 """Tiling the batch axis (passes/tile.py): a loop over tiles with the rounds loop inside, bit for
 bit jax.jit's results, and the declines (the axis not independent, the state fits the cache, the
 GPU). The CPU's cache is set small here (`small_cache`) so programs of a few thousand elements
-tile and the tests stay fast."""
+tile and the tests stay fast. Tiling is the CPU's (other targets decline): every rewrite here asks
+for `target="cpu"`, on whatever backend the programs then run."""
 import dataclasses
 import os
 import sys
@@ -20,7 +21,7 @@ from jaxrewrite.testing import assert_equivalent, primitive_counts
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import permutations as P  # noqa: E402
 
-OPTS = dict(strict=True, debug_checks=True)
+OPTS = dict(strict=True, debug_checks=True, target="cpu")
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def _blocks(n):
 
 
 def _rewrite(fn, *args, **opts):
-    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **OPTS, **opts)
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **{**OPTS, **opts})
 
 
 def _tile_loops(cj):
@@ -253,7 +254,7 @@ def test_blake2s_broadcast_initial_state_and_message_schedule(small_cache):
     cj = assert_equivalent(f, jnp.asarray(msgs), bitwise=True, **OPTS)
     (loop,) = _tile_loops(cj)
     assert loop.params["length"] == 1024 // 4                   # 640 B live a block
-    out = np.asarray(jaxrewrite.optimize(f)(jnp.asarray(msgs)))
+    out = np.asarray(jaxrewrite.optimize(f, **OPTS)(jnp.asarray(msgs)))
     assert out[0].astype("<u4").tobytes() == hashlib.blake2s(
         msgs[0].astype("<u4").tobytes()).digest()
 
@@ -290,7 +291,7 @@ def test_blake2s_split_carry_is_tiled_with_the_cpus_costs(one_core):
     nc, nk = rounds.params["num_consts"], rounds.params["num_carry"]
     assert rounds.params["length"] == 10
     assert [tuple(v.aval.shape) for v in rounds.invars[nc:nc + nk]] == [()] + [(1024,)] * 16
-    out = np.asarray(jaxrewrite.optimize(f)(jnp.asarray(msgs[:4096])))
+    out = np.asarray(jaxrewrite.optimize(f, **OPTS)(jnp.asarray(msgs[:4096])))
     assert out[0].astype("<u4").tobytes() == hashlib.blake2s(
         msgs[0].astype("<u4").tobytes()).digest()
 

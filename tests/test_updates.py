@@ -159,10 +159,20 @@ def test_split_declined_keeps_the_update():
     assert primitive_counts(res.jaxpr).get("select_n", 0) == 0
 
 
-def test_explain_shows_the_decision():
+@pytest.mark.parametrize("target", ["cpu", "tpu"])
+def test_explain_shows_the_decision(target):
+    """explain() says what the target's cost row decided: the CPU keeps the update in place,
+    saying why; the TPU (the GPU's row) takes the select form, listed as a gathers rewrite."""
     fn, make = CASES["face turn, vmap"]
-    text = str(jaxrewrite.explain(fn)(*make(4096)))
-    assert "in-place update" in text
+    e = jaxrewrite.explain(fn, target=target)(*make(4096))
+    text = str(e)
+    if target == "cpu":
+        assert "in-place update" in text
+        assert not [ev for ev in e.rewrites if ev.pass_name == "gathers"]
+    else:
+        assert "in-place update" not in text
+        assert any(ev.pass_name == "gathers" and "scatter" in ev.before
+                   and "select_n" in ev.after for ev in e.rewrites)
 
 
 def test_an_update_whose_index_was_not_folded_says_why():
