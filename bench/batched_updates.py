@@ -128,7 +128,7 @@ def _variants(fn, hand):
 def _same_bits(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and bool(
-        np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+        np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
 
 
 def measure(name, fn, hand, args, quick: bool) -> dict:

@@ -221,7 +221,18 @@ def test_other_targets_keep_the_scatter(target):
 
 # --- bit for bit, random cases -----------------------------------------------------------------
 
+# Gradients of the random cases are compared on the CPU only: on a TPU v5e (Dec 6) jax.jit's own
+# gradient of a vmapped dynamic_update_slice of one of these dtypes aborted the whole process
+# (in jax.vjp of jax.jit's program, before the rewrite's was run; the dtype was not isolated).
+GRAD = None if jax.default_backend() == "cpu" else False
+
 DTYPES = ["float32", "bfloat16", "float16", "int8", "uint32", "bool", "complex64"]
+
+
+def _scatters_left(dtype) -> int:
+    """Scatters the rewrite keeps: 16-bit floats are declined (jax.jit's bits for a signaling
+    NaN are the backend's: XLA:CPU scatters them through f32, quieting it)."""
+    return int(np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize < 4)
 INDEX_DTYPES = ["int32", "int8", "int16", "uint8", "uint32"]
 
 
@@ -239,8 +250,8 @@ def test_dynamic_update_slice_bitwise(B, N, w, dtype, index_dtype, seed):
     info = np.iinfo(index_dtype)
     s = jnp.asarray(rng.integers(max(info.min, -3 * N), min(info.max, 3 * N) + 1, B), index_dtype)
     res = _rewrite(dus_tuple, x, u, s, **TPU)
-    assert _scatters(res.jaxpr) == 0
-    assert_equivalent(dus_tuple, x, u, s, bitwise=True, **TPU)
+    assert _scatters(res.jaxpr) == _scatters_left(dtype)
+    assert_equivalent(dus_tuple, x, u, s, bitwise=True, grad=GRAD, **TPU)
 
 
 @settings(max_examples=FEW)
@@ -257,8 +268,8 @@ def test_at_set_bitwise(B, N, D, dtype, index_dtype, mode, seed):
     i = jnp.asarray(rng.integers(max(info.min, -3 * N), min(info.max, 3 * N) + 1, B), index_dtype)
     fn = set_clip if mode == "clip" else set_fill
     res = _rewrite(fn, x, v, i, **TPU)
-    assert _scatters(res.jaxpr) == 0
-    assert_equivalent(fn, x, v, i, bitwise=True, **TPU)
+    assert _scatters(res.jaxpr) == _scatters_left(dtype)
+    assert_equivalent(fn, x, v, i, bitwise=True, grad=GRAD, **TPU)
 
 
 @settings(max_examples=FEW)
@@ -278,11 +289,11 @@ def test_lax_scatter_windows_bitwise(B, N, M, w, m, mode, dtype, seed):
     i = jnp.asarray(np.stack([rng.integers(-N - 2, N + 3, B), rng.integers(-2, M + 3, B)], -1)
                     .astype(np.int32))
     res = _rewrite(fn, x, u, i, **TPU)
-    assert _scatters(res.jaxpr) == 0
+    assert _scatters(res.jaxpr) == _scatters_left(dtype)
     positions = (w if w < N else 1) * (m if m < M else 1)
     whole = mode == "clip" and w == N and m == M     # every example overwritten: no select
     assert _selects(res.jaxpr, (B, N, M)) == (0 if whole else positions)
-    assert_equivalent(fn, x, u, i, bitwise=True, **TPU)
+    assert_equivalent(fn, x, u, i, bitwise=True, grad=GRAD, **TPU)
 
 
 def test_int64_indices_under_x64():

@@ -219,6 +219,8 @@ class TargetCosts:
     # is at most `batched_update_max_work` (2,048 there; about 84,000 would cost as much as a
     # trip; the TPU row takes 16,384, a fifth of that, as the margin of one measurement), and
     # the positions at most `batched_update_max_positions` (each is equations: compile time).
+    # Measured since (bench/batched_updates.py, Dec 6): 8 positions over 4,096 elements
+    # (32,768) ran 0.10x jax.jit as the hand-written select form, so the row takes 32,768.
     # 0: never (CPU: XLA updates in place; GPU: XLA makes one scatter kernel, the issue's own
     # GPU HLO).
     batched_update_max_positions: int = 0
@@ -240,8 +242,10 @@ class TargetCosts:
     # (N, 4, 4) state) into the kernel's input. TPU v5e, ChaCha20 by hand (issue 41): one
     # kernel of 8-32 rows, the 10 double rounds inside, 1.0-1.2 ms at 1,048,576 blocks on
     # word-major data, 2.0-2.2 ms with the transposes from and to (N, 4, 4), against XLA's
-    # 4.6 ms for the split program (36-79 launches). The rows, the minimum size and input
-    # fusion are NOT measured for the pass's own kernels yet (bench/tpu_kernel.py sweeps them).
+    # 4.6 ms for the split program (36-79 launches). The pass's own kernels, measured on the
+    # chip (bench/tpu_kernel.py, Dec 6): the TPU row's entries, there. `kernel_min_eqns` (for
+    # straight-line regions) and input fusion (it changed nothing: 2.05 against 2.04 ms) as
+    # they were.
     kernel_min_elements: int = 0
     kernel_min_eqns: int = 0
     kernel_tile_rows: int = 16
@@ -271,12 +275,18 @@ COSTS: dict[str, TargetCosts] = {
                        segment_eqns=1750),
     # TPU v5e: splitting as the GPU's row (not measured apart from ChaCha20 and the seed
     # programs, which ran faster split: bench/tpu_costs.py); gathers' forms as measured there
-    # (`tile`, `max_rev`). Kernels from 262,144 elements a piece (unmeasured: at 4,096-65,536
-    # blocks the split program's launches are expected to cost less than a kernel's fixed
-    # overhead).
+    # (`tile`, `max_rev`). No minimum piece: from 4,096 elements every split measured ran at
+    # or below jax.jit's time (bench/accelerator.py: ChaCha20 0.83x, xoshiro128** 0.92x,
+    # Salsa20/8 0.94x, bitonic sorts of 16 keys 0.99x); at batch 1 bench/updates.py's cube step
+    # split ran 2.77x (327 -> 531 launches: launch-bound), but a minimum on the smallest piece
+    # (the CPU's rule) also stops splits whose small pieces are shared scalars (Philox's key),
+    # so it is left open. Kernels from 65,536
+    # elements a piece, 16 rows a tile (bench/tpu_kernel.py, ChaCha20: at 65,536 blocks the
+    # kernel ran 0.64x jax.jit against the split XLA program's 0.67x, compiling in 0.62x
+    # against 0.95x; at 1,048,576 rows of 8 / 16 / 32 ran 0.108x / 0.098x / 0.103x).
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
-                       batched_update_max_positions=64, batched_update_max_work=1 << 14,
-                       kernel_min_elements=262_144, kernel_min_eqns=64, kernel_tile_rows=16),
+                       batched_update_max_positions=64, batched_update_max_work=1 << 15,
+                       kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16),
 }
 
 
@@ -889,8 +899,8 @@ def kernel_decision(elements: int, eqns: int, loops: int, mode, target: str | No
     c = costs(target)
     if elements < c.kernel_min_elements:
         return (f"pieces of {elements} elements, fewer than {c.kernel_min_elements} (the "
-                f"{target} row's kernel_min_elements, unmeasured: below it the split program's "
-                f"fusions are expected to cost less than a kernel)")
+                f"{target} row's kernel_min_elements: below it a kernel was not measured to "
+                f"pay)")
     if not loops and eqns < c.kernel_min_eqns:
         return (f"{eqns} equations and no loop, fewer than {c.kernel_min_eqns} (the {target} "
                 f"row's kernel_min_eqns: XLA fuses a short region into one kernel already)")

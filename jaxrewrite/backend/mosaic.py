@@ -44,7 +44,8 @@ KERNEL_PRIMITIVES: dict[str, tuple[str, ...]] = {
     "and": _INT_BOOL, "or": _INT_BOOL, "xor": _INT_BOOL, "not": _INT_BOOL,
     "shift_left": _INT, "shift_right_logical": _INT, "shift_right_arithmetic": _INT,
     "eq": _INT_BOOL, "ne": _INT_BOOL, "lt": _INT, "le": _INT, "gt": _INT, "ge": _INT,
-    "max": _INT, "min": _INT,
+    # (signed only: Mosaic failed to legalize `arith.maxui` on a TPU v5e, Dec 6)
+    "max": ("int32",), "min": ("int32",),
     "select_n": _INT_BOOL,            # (two cases, a boolean predicate: `select_ok`)
     "convert_element_type": _INT_BOOL,
     "copy": _INT_BOOL, "copy_p": _INT_BOOL, "stop_gradient": _INT_BOOL,

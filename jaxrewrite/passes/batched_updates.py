@@ -39,7 +39,8 @@ Preconditions and declines (recorded with a reason, the scatter kept):
 * `scatter` (set) with one index row per example; several rows may write one element, and which
   wins is implementation-defined. Floating add/mul/min/max are kept (`passes/_updates.py`'s
   reasons: an FMA where the sum fuses with a product, JAX's own gradient rules), so are custom
-  update computations, extended dtypes, a window that leaves a non-indexed dim partly unwritten,
+  update computations, extended dtypes, 16-bit floats (jax.jit's bits for a signaling NaN are
+  the backend's), a window that leaves a non-indexed dim partly unwritten,
   a program partitioned over several devices, and float values under `exact=True` (the
   select's fusion with its neighbours, as the gathers pass).
 """
@@ -120,6 +121,11 @@ def _plan(eqn, ctx) -> Plan | None:
         raise Decline("scatter with a custom update computation")
     if C.is_extended_dtype(xa.dtype):
         raise Decline("scatter into an extended dtype")
+    if np.dtype(xa.dtype).kind in "fc" and np.dtype(xa.dtype).itemsize < 4:
+        # XLA:CPU scatters 16-bit floats through f32 (its float normalization), which quiets a
+        # signaling NaN: jax.jit's bits there are the backend's, not the data's
+        raise Decline(f"scatter of {xa.dtype}: jax.jit's result for a signaling NaN depends "
+                      "on the backend (XLA:CPU quiets it)")
     if kinds is not None and np.dtype(xa.dtype).kind not in kinds:
         raise Decline(f"{name} of {xa.dtype}: {why}")
     if ctx.devices > 1:
