@@ -12,7 +12,8 @@ OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("dedup", True, "merge structurally identical inner jaxprs so each is lowered once"),
     ("cse", True, "compute identical pure equations on identical operands once"),
     ("reroll", "auto", "roll chains of identical calls into lax.scan (True, or the shortest run); "
-                       "'auto': on the CPU only a loop of rounds whose carry flatten then splits"),
+                       "'auto': on the CPU and TPU only a loop of rounds whose carry flatten "
+                       "then splits"),
     ("unroll", 1, "`unroll=` of the scans that reroll makes"),
     ("fold", True, "fold integer/boolean index arithmetic over constants"),
     ("fold_limit", 1 << 20, "largest constant (elements) that folding may materialize"),
