@@ -161,22 +161,10 @@ def movement(quick: bool) -> None:
 # --- bitonic sorts ----------------------------------------------------------------------------------
 
 def bitonic_sort(x):
-    """Sort the last axis (a power of two) with the bitonic network, as written by hand."""
-    n = x.shape[-1]
-    i = np.arange(n)
-    k = 2
-    while k <= n:
-        j = k // 2
-        while j >= 1:
-            partner = i ^ j
-            y = x[..., partner]
-            up = ((i & k) == 0)
-            lower = i < partner
-            take_min = lower == up
-            x = jnp.where(take_min, jnp.minimum(x, y), jnp.maximum(x, y))
-            j //= 2
-        k *= 2
-    return x
+    """Sort the last axis (a power of two) with the bitonic network, as written by hand
+    (bench/gathers.py's)."""
+    from gathers import _bitonic
+    return _bitonic(x)
 
 
 def bitonic(quick: bool) -> None:

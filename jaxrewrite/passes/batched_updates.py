@@ -292,13 +292,5 @@ def run(cj: C.ClosedJaxpr, ctx) -> tuple[C.ClosedJaxpr, bool]:
     """Rewrite batched scatters at every level, on targets whose cost row takes the form."""
     if not _cost.costs(ctx.target).batched_update_max_positions:
         return cj, False
-    flag = {"changed": False}
-
-    def fn(c):
-        out = _level(c, ctx)
-        if out is not c:
-            flag["changed"] = True
-        return out
-
-    out = _walk.map_jaxprs(cj, fn)
-    return out, flag["changed"]
+    out = _walk.map_jaxprs(cj, lambda c: _level(c, ctx))   # (the same object where unchanged)
+    return out, out is not cj
