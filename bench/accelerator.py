@@ -248,7 +248,10 @@ def chacha_cases(quick):
              ("chacha20 Python loop", lambda: jax.vmap(chacha_loop("python")), 6.0),
              ("chacha20 take form", lambda: jax.vmap(chacha_take), 6.0),
              ("chacha20 hand (16 words)", lambda: jax.vmap(chacha_words), 4.0))
-    check = lambda out, _: _known("RFC 8439 2.3.2", np.array_equal(np.asarray(out)[0], RFC_OUT))  # noqa: E731
+
+    def check(out, _):
+        return _known("RFC 8439 2.3.2", np.array_equal(np.asarray(out)[0], RFC_OUT))
+
     out = []
     for n in ((1024,) if quick else (65536, 1 << 20)):
         for name, make, est in forms:
@@ -301,7 +304,10 @@ def transformer_cases(quick):
 
 def sort_cases(quick):
     import gathers
-    check = lambda out, _: _known("rows sorted", bool(np.all(np.diff(np.asarray(out), axis=-1) >= 0)))  # noqa: E731
+
+    def check(out, _):
+        return _known("rows sorted", bool(np.all(np.diff(np.asarray(out), axis=-1) >= 0)))
+
     out = []
     for batch in ((256,) if quick else (65536, 4096)):
         for keys in ((16, 32) if quick else (16, 32, 64)):
@@ -345,7 +351,10 @@ def philox_cases(quick):
         key = np.zeros((n, 2), np.uint32)
         key[1:] = np.random.default_rng(6).integers(0, 2 ** 32, (n - 1, 2), dtype=np.uint32)
         return jnp.asarray(ctr), jnp.asarray(key)
-    check = lambda out, _: _known("Random123 known answer", np.array_equal(np.asarray(out)[0], PHILOX_ZERO))  # noqa: E731
+
+    def check(out, _):
+        return _known("Random123 known answer", np.array_equal(np.asarray(out)[0], PHILOX_ZERO))
+
     return [Case("philox", "Philox-4x32-10", n, jax.vmap(philox4x32_10), lambda n=n: data(n),
                  3.0, x64=True, check=check) for n in _plain_sizes(quick)]
 
@@ -355,7 +364,11 @@ def salsa_cases(quick):
         x = np.random.default_rng(8).integers(0, 2 ** 32, (n, 16), dtype=np.uint32)
         x[0] = np.frombuffer(SALSA_IN, "<u4")
         return (jnp.asarray(x),)
-    check = lambda out, _: _known("RFC 7914 section 8", np.asarray(out)[0].astype("<u4").tobytes() == SALSA_OUT)  # noqa: E731
+
+    def check(out, _):
+        return _known("RFC 7914 section 8",
+                      np.asarray(out)[0].astype("<u4").tobytes() == SALSA_OUT)
+
     return [Case("salsa", "Salsa20/8 core", n, jax.vmap(salsa20_8), lambda n=n: data(n), 3.0,
                  check=check) for n in _plain_sizes(quick)]
 

@@ -2,8 +2,8 @@
 
 Profiles (`HYPOTHESIS_PROFILE=...`): `default` keeps the whole suite within its CI budget
 (2 cores); `long` is for .ci/run's time-bounded extended fuzzing; `tpu` draws 8 examples where
-`default` draws 25 (and the fuzz tests cap their own counts at that), for a run on the chip,
-where every example's compiles cost more.
+`default` draws 25 (tests/test_fuzz.py caps its own counts at the profile's), for a run on the
+chip, where every example's compiles cost more.
 
 On a TPU host (JAX 0.10.2, Python 3.11; the project not installed), from the repository root,
 in one process (one process at a time may hold the chip: no `-n`):
@@ -13,8 +13,8 @@ in one process (one process at a time may hold the chip: no `-n`):
 
 or in two halves of about equal time, by the files' names (a new file lands in one of them):
 
-    python3 -m pytest -q -p no:cacheprovider tests/test_[a-n]*.py
-    python3 -m pytest -q -p no:cacheprovider tests/test_[o-z]*.py
+    python3 -m pytest -q -p no:cacheprovider tests/test_[a-g]*.py
+    python3 -m pytest -q -p no:cacheprovider tests/test_[h-z]*.py
 
 What differs there, and why (tests/ says so where it matters):
 - JAX's import-time notices ("Transparent hugepages are not enabled", "cloud_tpu_init failed")
