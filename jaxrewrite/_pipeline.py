@@ -255,7 +255,7 @@ def _final_check(before: C.ClosedJaxpr, after: C.ClosedJaxpr, report: Report, ch
     (`check="types"`: any new equation) that is ill typed. Nothing a pass does is trusted to
     have kept them."""
     by = report.stats.get("changed_by") or ["?"]
-    why = (C.signature_difference(before, after) or _walk.binding_error(after)
+    why = (C.signature_difference(before, after) or _walk.binding_error(after, before)
            or _walk.typing_error(after, before, None if check == "types" else TYPED_BY_DEFAULT))
     if why is not None:
         report.count("pipeline.final_check_failed")
