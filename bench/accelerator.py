@@ -1,7 +1,7 @@
 """The accelerator bench (issue 39): the project's programs on one device, in one process.
 
     python bench/accelerator.py [--quick] [--only GROUP[,GROUP...]] [--budget SECONDS]
-                                [--forms [OPTIONS;OPTIONS...]] [--out PATH]
+                                [--forms [OPTIONS;OPTIONS...]] [--match TEXT] [--out PATH]
 
 Made for a TPU (one process holds the chip; opening it costs ~15 s), and runs anywhere JAX runs:
 `--quick` (tiny sizes) takes a few minutes on a 2-core CPU. The programs come from the other
@@ -12,7 +12,7 @@ Salsa20/8). Groups, in the order they run (`--only` picks some; `plain` = the fo
 | group | programs | sizes (full) |
 | --- | --- | --- |
 | `seed` | bench/seed.py's loop and 7-iteration programs | as seed.py's full run |
-| `chacha` | ChaCha20: the author's `fori_loop` form, its Python loop, the `jnp.take` form, the hand-written 16 words (bench/permutations.py) | 65,536 and 1,048,576 blocks |
+| `chacha` | ChaCha20: the author's `fori_loop` form, its Python loop, the `jnp.take` form, the hand-written 16 words (bench/permutations.py); the author's code as written (bench/author_chacha.py), x64 off and on | 65,536 and 1,048,576 blocks |
 | `keccak` | Keccak-f[1600]: Python loop, `fori_loop`, `scan`, hand-written 25 words in a `fori_loop` (bench/keccak.py; uint64 lanes, x64 on inside) | 65,536 and 1,048,576 states |
 | `transformer` | a training step (loss, grad, adam) of bench/models.py's Flax NNX transformer LM, 8 blocks; without flax/optax a plain-JAX stack's SGD step (bench/dedup.py's layers), and the row says so | one batch |
 | `sorts` | bitonic sorts, `x[:, i ^ j]` and min/max per stage (bench/gathers.py `_bitonic`), 16 / 32 / 64 keys a row | 65,536 and 4,096 rows |
@@ -69,6 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common  # noqa: E402
+import author_chacha  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -258,6 +259,12 @@ def chacha_cases(quick):
             out.append(Case("chacha", name, n, make(), lambda n=n: (_blocks(n),),
                             est * (4 if n > 65536 else 1), hand="chacha20 hand (16 words)",
                             check=check))
+        # the seed author's code as written (bench/author_chacha.py), x64 off and on
+        for x64 in (False, True):
+            out.append(Case("chacha", f"chacha20 as written (author){', x64' if x64 else ''}",
+                            n, jax.vmap(author_chacha.fresh_copy().block),
+                            lambda n=n: (_blocks(n),), 3.0 * (4 if n > 65536 else 1), x64=x64,
+                            hand="chacha20 hand (16 words)", check=check))
     return out
 
 
@@ -691,6 +698,8 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", nargs="?", const="default", default=None,
                     help="extra optimize forms: 'k=v,k=v;k=v' (alone: a default set)")
     ap.add_argument("--out", default=None, help="the JSON file to write")
+    ap.add_argument("--match", default=None,
+                    help="only programs whose name holds this text (e.g. 'as written')")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     forms = parse_forms(args.forms)
@@ -712,6 +721,8 @@ def main(argv=None) -> int:
             print(f"[{g}] building failed: {type(e).__name__}: {e}", flush=True)
             continue
         for case in group_cases:
+            if args.match and args.match not in case.program:
+                continue
             elapsed = time.perf_counter() - t_start
             est = case.est_s * (len(forms) + 3) / 3
             if args.budget is not None and elapsed + est > args.budget:

@@ -1020,7 +1020,8 @@ def pallas_tiles_call(kernel: Callable, operands: Sequence, in_smem: Sequence[bo
     operand's producer into the kernel's input (`allow_input_fusion`)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
-    tiles = pl.BlockSpec((rows, out_avals[0][0][1]), lambda i: (i, 0))
+    # (int32 block indices: with jax_enable_x64 a Python 0 would be int64, which Mosaic refuses)
+    tiles = pl.BlockSpec((rows, out_avals[0][0][1]), lambda i: (i, np.int32(0)))
     smem = pl.BlockSpec(memory_space=pltpu.SMEM)
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel",),

@@ -23,6 +23,7 @@ from jaxrewrite.backend import mosaic
 from jaxrewrite.testing import assert_bitwise_equal, assert_equivalent, primitive_counts
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import author_chacha as A  # noqa: E402
 import permutations as P  # noqa: E402
 
 TPU = dict(target="tpu", kernel=True, strict=True)
@@ -260,7 +261,109 @@ def test_64_bit_lanes_are_declined():
                            or mosaic.dtype_reason(np.int64) in r for r in reasons)
 
 
+# --- the seed author's code, as written -------------------------------------------------------
+
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("n", [4096, 1 << 20])
+def test_the_author_s_chacha_as_written_is_one_kernel(n, x64):
+    """bench/author_chacha.py: a `jnp.ndarray` subclass re-wrapping the state (a `copy`),
+    `jnp.array([...], dtype=...)` re-stacking, asserts, `ravel()[idx]`, a `fori_loop` of jitted
+    double rounds (an int64 counter under x64): one kernel, nothing in it that Mosaic does not
+    lower, RFC 8439's block and jax.jit's bits."""
+    if n > 4096 and jax.default_backend() != "tpu":
+        pytest.skip("1,048,576 blocks in Pallas's interpreter: the chip's size, run there")
+    with jax.enable_x64(x64):
+        f = jax.vmap(A.fresh_copy().block)   # (one per x64 setting)
+        x = P._blocks(n)
+        res = _rewrite(f, x)
+        (k,) = _kernels(res.jaxpr)
+        assert set(_inside(k)) <= set(mosaic.KERNEL_PRIMITIVES) | {"scan", "get", "swap"}
+        # (the wrapper's copy of the whole state, before it is split, stays XLA's: a no-op there)
+        assert _inside(k)["scan"] == 1 and "scan" not in _outside(res.jaxpr)
+        out = jaxrewrite.optimize(f, **TPU)(x)     # (strict: no fallback)
+        assert_bitwise_equal(out, jax.jit(f)(x))
+        np.testing.assert_array_equal(np.asarray(out)[0], P.RFC_OUT)
+        _, targets = _lowers_for_tpu(f, x)
+    assert targets == ["tpu_custom_call"]
+
+
 # --- what a kernel body holds -----------------------------------------------------------------
+
+_UNARY = {"neg": lax.neg, "not": lax.bitwise_not}
+_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _one_primitive(name, dtype):
+    """(a function of two pieces and a predicate binding primitive `name` on operands of
+    `dtype`, its operands) for every row of the table."""
+    rng = np.random.default_rng(7)
+    if dtype == "bool":
+        a, b = (jnp.asarray(rng.integers(0, 2, 4096).astype(bool)) for _ in range(2))
+    else:
+        a, b = (jnp.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32).view(dtype))
+                for _ in range(2))
+    p = jnp.asarray(rng.integers(0, 2, 4096).astype(bool))
+    if name in _UNARY:
+        return (lambda a, b, p: _UNARY[name](a)), (a, b, p)
+    op = getattr(lax, {"and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor"}.get(name,
+                                                                                        name))
+    if name == "select_n":
+        return (lambda a, b, p: lax.select_n(p, a, b)), (a, b, p)
+    if name == "convert_element_type":
+        outs = [d for d in ("int32", "uint32", "bool") if d != dtype]
+        return (lambda a, b, p: tuple(lax.convert_element_type(a, d) for d in outs)), (a, b, p)
+    if name in mosaic.SHIFTS:
+        return (lambda a, b, p: (op(a, b & 31), op(a, b))), (a, b, p)
+    return (lambda a, b, p: op(a, b)), (a, b, p)
+
+
+_ROWS = [(name, dt) for name, dts in mosaic.KERNEL_PRIMITIVES.items() for dt in dts]
+
+
+@pytest.mark.parametrize("name,dtype", _ROWS, ids=[f"{n}-{d}" for n, d in _ROWS])
+def test_every_row_of_the_table_lowers_for_mosaic_and_is_bit_exact(name, dtype):
+    """Each primitive of `backend.mosaic.KERNEL_PRIMITIVES`, on each dtype its row admits, alone
+    in a kernel: lowered through Pallas's TPU rules here; compiled by Mosaic and run on the
+    chip where the suite runs on a TPU (interpreted elsewhere), bit for bit jax.jit's."""
+    f, args = _one_primitive(name, dtype)
+    res = _rewrite(f, *args)
+    (k,) = _kernels(res.jaxpr)
+    assert _inside(k)[name] >= 1
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(*args), jax.jit(f)(*args))
+    _, targets = _lowers_for_tpu(f, *args)
+    assert targets == ["tpu_custom_call"]
+
+
+def _wrapped(a, b):
+    """What real code puts around integer work: copies, conversions to the dtype a value has,
+    a custom_jvp and a custom_vjp function, a jit."""
+    @jax.custom_jvp
+    def mix(x, y):
+        return (x ^ y) + (x << np.uint32(3))
+    mix.defjvp(lambda primals, tangents: (mix(*primals), tangents[0]))
+
+    @jax.custom_vjp
+    def spin(x):
+        return x + (x >> np.uint32(5))
+    spin.defvjp(lambda x: (spin(x), None), lambda _, g: (g,))
+
+    c = jnp.array(a) + b.copy()
+    c = jnp.asarray(c, jnp.uint32) ^ lax.convert_element_type(b, np.uint32)
+    return jax.jit(spin)(mix(c, b))
+
+
+def test_copies_conversions_and_custom_rules_are_taken_as_what_they_compute():
+    rng = np.random.default_rng(8)
+    a, b = (jnp.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32)) for _ in range(2))
+    res = _rewrite(_wrapped, a, b)
+    (k,) = _kernels(res.jaxpr)
+    assert not set(_inside(k)) - set(mosaic.KERNEL_PRIMITIVES) - {"get", "swap"}
+    names = {e.primitive.name for e in _walk.iter_eqns(jax.make_jaxpr(_wrapped)(a, b))}
+    assert {"copy", "custom_jvp_call", "custom_vjp_call"} <= names     # (what was taken in)
+    assert_bitwise_equal(jaxrewrite.optimize(_wrapped, **TPU)(a, b), jax.jit(_wrapped)(a, b))
+    _, targets = _lowers_for_tpu(_wrapped, a, b)
+    assert targets == ["tpu_custom_call"]
+
 
 def _every_op(a, b, k):
     """Every primitive of the table on pieces: words of both signs, booleans, a scalar from
@@ -350,14 +453,38 @@ def test_scalar_words_carried_in_the_loop_live_in_smem():
     _lowers_for_tpu(f, ctr, key)
 
 
-def test_no_mosaic_kernels_with_x64_on():
+def test_kernels_with_x64_on_count_trips_in_int32():
+    """`jax_enable_x64` (JAX MD, most science code): the fori_loop's int64 trip counter is
+    carried as int32 in the kernel, the grid's block indices are int32, and the kernel lowers
+    for Mosaic."""
     f = jax.vmap(P.chacha_loop("fori", rounds=2))
-    x = P._blocks(4096)
-    with jax.enable_x64(True), mosaic.emit_for("tpu"):
+    with jax.enable_x64(True):
+        x = P._blocks(4096)
         res = _rewrite(f, x)
-    assert not _kernels(res.jaxpr)
-    (why,) = [e.reason for e in _events(res.report, applied=False)]
-    assert "jax_enable_x64" in why
+        (k,) = _kernels(res.jaxpr)
+        (loop,) = [e for e in _walk.iter_eqns(C.closed(k.params["jaxpr"], ()))
+                   if e.primitive.name == "scan"]
+        assert not [v for v in (*loop.invars, *loop.outvars)
+                    if np.dtype(C.aval_of(v).dtype).itemsize == 8]
+        assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(x), jax.jit(f)(x))
+        _, targets = _lowers_for_tpu(f, x)
+    assert targets == ["tpu_custom_call"]
+
+
+def test_a_64_bit_counter_read_as_a_word_is_narrowed_and_one_that_may_overflow_is_not():
+    def rounds(s, start):
+        return lax.fori_loop(start, start + 6, lambda i, s: (s[0] + s[1] ^ i.astype(np.uint32),
+                                                             s[1] + s[0]), s)
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(6).integers(0, 2**32, (2, 4096), dtype=np.uint32))
+        for start, kernels in ((3, 1), (2**31 - 4, 0)):
+            f = lambda x: rounds((x[0], x[1]), start)  # noqa: E731, B023
+            res = _rewrite(f, x)
+            assert len(_kernels(res.jaxpr)) == kernels
+            if not kernels:
+                assert any(mosaic.dtype_reason(np.int64) in r for r in _no_kernel_reasons(
+                    res.report))
+            assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(x), jax.jit(f)(x))
 
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])

@@ -48,9 +48,14 @@ KERNEL_PRIMITIVES: dict[str, tuple[str, ...]] = {
     "max": ("int32",), "min": ("int32",),
     "select_n": _INT_BOOL,            # (two cases, a boolean predicate: `select_ok`)
     "convert_element_type": _INT_BOOL,
-    "copy": _INT_BOOL, "copy_p": _INT_BOOL, "stop_gradient": _INT_BOOL,
 }
 SHIFTS = frozenset({"shift_left", "shift_right_logical", "shift_right_arithmetic"})
+
+# Primitives a kernel body takes as the identity on its tiles, never bound there: what
+# `jnp.array(x)` and `x.copy()` leave in real code. Pallas has no TPU lowering for `copy`
+# ("Unimplemented primitive in Pallas TPU lowering for tc: copy", JAX 0.10.2), and a copy of a
+# tile is the tile. (A `convert_element_type` to the dtype it has is one too: `kernel.py`.)
+IDENTITIES = frozenset({"copy", "copy_p"})
 
 # Primitives a region might hold that stay XLA's, and why (what the report says).
 DECLINED_PRIMITIVES: dict[str, str] = {
@@ -86,7 +91,7 @@ def dtype_reason(dtype) -> str | None:
 def primitive_reason(name: str, dtypes) -> str | None:
     """Why an equation of primitive `name` on operands of `dtypes` cannot be in a kernel body
     (its results' dtypes: `dtype_reason`)."""
-    row = KERNEL_PRIMITIVES.get(name)
+    row = _INT_BOOL if name in IDENTITIES else KERNEL_PRIMITIVES.get(name)
     if row is None:
         why = DECLINED_PRIMITIVES.get(name, "not in the kernel's primitive table "
                                             "(backend/mosaic.py)")

@@ -23,8 +23,11 @@ feeds it cuts it), holds:
   operands), a scalar broadcast to a piece, an iota along a piece (made from the grid step);
 - `scan` loops without xs and `while` loops whose condition reads scalars only, carrying
   pieces and scalars, whose bodies hold only such equations (and calls of them); a scalar
-  result of a loop must be unused after it (the kernel returns pieces);
-- `jit` calls of such bodies.
+  result of a loop must be unused after it (the kernel returns pieces); a 64-bit trip counter
+  (`fori_loop`'s under `jax_enable_x64`) is carried as int32 where it fits (`narrow_counters`);
+- `jit`, `custom_jvp_call` and `custom_vjp_call` calls of such bodies (evaluated as the body),
+  and what real code leaves around them: `copy` (`jnp.array(x)`, `x.copy()`) and conversions
+  to the dtype a value has are the value (`backend.mosaic.IDENTITIES`).
 Each region equation computes element i of its pieces from element i of its operands, so a
 tile of every piece is computed on its own. Bit for bit jax.jit's: the same primitives on the
 same words (each row of the table is one Mosaic op that computes XLA's result), loops as
@@ -58,7 +61,11 @@ from ..backend import mosaic
 
 NAME = "kernel"
 _LOOPS = frozenset({"scan", "while"})
-_CALLS = frozenset({"jit", "pjit"})
+_CALLS = frozenset({"jit", "pjit"})     # calls whose bodies are levels of their own
+# Calls a kernel body evaluates as their body: the param that holds it. (Custom derivative
+# rules are about tangents, and the integer pieces a kernel holds have none.)
+_BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr",
+           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"}
 # Data movement at a region's edges (the split and the re-join of the user's arrays): XLA's,
 # and not worth a decline each.
 _EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concatenate",
@@ -111,10 +118,12 @@ def _check_eqn(eqn, n: int) -> None:
     if name in _LOOPS:
         _check_loop(eqn, n)
         return
-    if name in _CALLS:
-        if not _walk.plain_call(eqn):
+    if name in _BODIES:
+        if name in _CALLS and not _walk.plain_call(eqn):
             raise _Unfit("a jit call with shardings, layouts, donation or options")
-        body = eqn.params["jaxpr"]
+        body = eqn.params[_BODIES[name]]
+        if not isinstance(body, C.ClosedJaxpr):
+            raise _Unfit(f"a '{name}' whose body is not a closed jaxpr")
         for a in (*eqn.invars, *eqn.outvars):
             _value(a, n, "a call's operand")
         _check_body(body, n)
@@ -164,10 +173,10 @@ def _check_loop(eqn, n: int, body=None) -> None:
         nc, nk = p["num_consts"], p["num_carry"]
         if len(eqn.invars) > nc + nk:
             raise _Unfit("a scan over xs (per-trip slices are not done)")
-        cj = p["jaxpr"] if body is None else C.closed(body, ())
+        cj, counters = narrow_counters(eqn, p["jaxpr"] if body is None else C.closed(body, ()))
         read = _read_vars(cj.jaxpr)
         for k, (a, v) in enumerate(zip(eqn.invars, cj.jaxpr.invars)):
-            if k >= nc or v in read:
+            if (k >= nc or v in read) and k not in counters:
                 _value(a, n, "a loop's carry or constant")
         _check_body(cj, n)
         return
@@ -175,6 +184,69 @@ def _check_loop(eqn, n: int, body=None) -> None:
         _value(a, n, "a loop's carry or constant")
     _check_body(p["cond_jaxpr"], n, scalars_only=True)
     _check_body(p["body_jaxpr"] if body is None else C.closed(body, ()), n)
+
+
+def narrow_counters(scan, body) -> tuple:
+    """(`body` with its 64-bit trip counters made int32, their operand positions in `scan`).
+
+    With `jax_enable_x64`, `fori_loop(0, 10, f, s)` counts its trips in an int64 carry, and
+    Mosaic has no 64-bit integers. A counter is a scalar 64-bit carry that starts at a literal,
+    steps by a literal add each trip, and is read only by that add and by conversions to 32-bit
+    words; where every value it takes fits in int32, it is carried as int32 in the kernel (the
+    same integers, so the same words after a conversion):
+
+        before:  { i:i64[] s:u32[N]. j:i64[] = add i 1:i64[] ; w:u32[] = convert i ; ... }
+        after:   { i:i32[] s:u32[N]. j:i32[] = add i 1:i32[] ; w:u32[] = convert i ; ... }
+    """
+    p = scan.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    j = body.jaxpr
+    found: dict = {}      # carry position in the body -> (its add equation's index, its result)
+    for k in range(nc, nc + nk):
+        v, init = j.invars[k], scan.invars[k]
+        try:
+            dt = np.dtype(_dtype(v))
+        except TypeError:   # (an extended dtype: PRNG keys)
+            continue
+        if dt.kind not in "iu" or dt.itemsize != 8 or _shape(v) != () or not C.is_literal(init):
+            continue
+        out = j.outvars[k - nc]
+        step = next(((i, e) for i, e in enumerate(j.eqns) if e.primitive.name == "add"
+                     and out in e.outvars and v in e.invars), None)
+        if step is None:
+            continue
+        lit = [a for a in step[1].invars if a is not v]
+        if len(lit) != 1 or not C.is_literal(lit[0]):
+            continue
+        start, by, trips = int(C.literal_value(init)), int(C.literal_value(lit[0])), p["length"]
+        lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+        if not (lo <= start <= hi and lo <= start + by * trips <= hi):
+            continue
+        readers = [e for e in j.eqns if any(a is v or a is out for a in e.invars)]
+        if all(e is step[1] or (e.primitive.name == "convert_element_type"
+                                and np.dtype(_dtype(e.outvars[0])) in mosaic.WORD_DTYPES)
+               for e in readers) and out not in j.outvars[:k - nc] + j.outvars[k - nc + 1:]:
+            found[k] = step
+    if not found:
+        return body, frozenset()
+    env = {}
+    for k, (_, e) in found.items():
+        for var in (j.invars[k], e.outvars[0]):
+            env[var] = C.new_var(C.aval_of(var).update(dtype=np.dtype(np.int32),
+                                                       weak_type=False))
+    steps = {i: e for i, e in found.values()}
+    eqns = []
+    for i, e in enumerate(j.eqns):
+        ins = [_walk.substitute(a, env) for a in e.invars]
+        if i in steps:
+            ins = [a if not C.is_literal(a) else
+                   C.literal(np.int32(C.literal_value(a)),
+                             C.aval_of(a).update(dtype=np.dtype(np.int32), weak_type=False))
+                   for a in ins]
+        eqns.append(e.replace(invars=ins, outvars=[env.get(v, v) for v in e.outvars]))
+    narrowed = C.replace_jaxpr(j, invars=[env.get(v, v) for v in j.invars], eqns=eqns,
+                               outvars=[_walk.substitute(a, env) for a in j.outvars])
+    return C.closed(narrowed, body.consts), frozenset(found)
 
 
 def _read_vars(jaxpr) -> set:
@@ -197,8 +269,8 @@ def _work(eqns) -> tuple[int, int, list]:
             total += inner
             loops += 1
             trips.append(None)
-        elif name in _CALLS:
-            inner, k, t = _work(e.params["jaxpr"].jaxpr.eqns)
+        elif name in _BODIES:
+            inner, k, t = _work(e.params[_BODIES[name]].jaxpr.eqns)
             total, loops, trips = total + inner, loops + k, trips + t
         else:
             total += 1
@@ -250,15 +322,17 @@ def _typed(v, atom):
 def _scan(e, vals, tile):
     p = e.params
     nc = p["num_consts"]
-    body = p["jaxpr"]
+    body, counters = narrow_counters(e, p["jaxpr"])
     consts = vals[:nc]
 
     def step(_, carry):
         return tuple(evaluate(body.jaxpr, body.consts, [*consts, *carry], tile))
 
-    init = tuple(_typed(v, a) for v, a in zip(vals[nc:], e.invars[nc:]))
-    # (no xs: the trips are independent of the scan's direction)
-    return list(lax.fori_loop(0, p["length"], step, init))
+    init = tuple(jnp.asarray(v, np.int32) if k in counters else _typed(v, a)
+                 for k, (v, a) in enumerate(zip(vals, e.invars)) if k >= nc)
+    # (no xs: the trips are independent of the scan's direction; int32 bounds, so the loop's
+    # own index is int32 with jax_enable_x64 too)
+    return list(lax.fori_loop(np.int32(0), np.int32(p["length"]), step, init))
 
 
 def _while(e, vals, tile):
@@ -273,8 +347,21 @@ def _while(e, vals, tile):
 
 
 def _call(e, vals, tile):
-    body = e.params["jaxpr"]
+    body = e.params[_BODIES[e.primitive.name]]
     return evaluate(body.jaxpr, body.consts, vals, tile)
+
+
+def _identity(e, vals, tile):
+    return [vals[0]]
+
+
+def _convert(e, vals, tile):
+    """A conversion to the dtype a value has (a no-op, as `jnp.asarray(x, x.dtype)` leaves
+    it; a counter `narrow_counters` made int32 read as int32) is the value itself."""
+    new = np.dtype(e.params["new_dtype"])
+    if vals[0].dtype == new:
+        return [vals[0]]
+    return [e.primitive.bind(vals[0], **e.params)]
 
 
 def _broadcast(e, vals, tile):
@@ -310,9 +397,10 @@ def _shift(e, vals, tile):
 
 
 _TILE_RULES = {
-    "scan": _scan, "while": _while, "jit": _call, "pjit": _call,
-    "broadcast_in_dim": _broadcast, "iota": _iota,
+    "scan": _scan, "while": _while, **{name: _call for name in _BODIES},
+    "broadcast_in_dim": _broadcast, "iota": _iota, "convert_element_type": _convert,
     **{name: _shift for name in mosaic.SHIFTS},
+    **{name: _identity for name in mosaic.IDENTITIES},
 }
 
 
@@ -435,7 +523,7 @@ def _say_unfit(eqns, ctx, mode) -> None:
     for e in eqns:
         n = _piece_length(e)
         name = e.primitive.name
-        if n is None or name in _EDGES or name in _CALLS:
+        if n is None or name in _EDGES or name in _BODIES:
             continue
         if name in _LOOPS:
             try:
@@ -529,8 +617,7 @@ def _emit(region: _Region, ctx, mode):
 # --- entry points ------------------------------------------------------------------------------
 
 def enabled(ctx) -> bool:
-    """Whether this pass may emit kernels for `ctx` (option, target, Pallas, one device, and
-    x64 off where the kernels are Mosaic's)."""
+    """Whether this pass may emit kernels for `ctx` (option, target, Pallas, one device)."""
     return (_cost.kernel_on(ctx.options.kernel, ctx.target) and _refusal(ctx) is None)
 
 
@@ -540,9 +627,6 @@ def _refusal(ctx) -> str | None:
         return f"program partitioned over {ctx.devices} devices"
     if not C.pallas_available():
         return "Pallas cannot be imported here"
-    if C.x64_enabled() and not mosaic.interpret():
-        return ("jax_enable_x64 is on: the grid's index maps would be int64, which Mosaic "
-                "refuses")
     return None
 
 
