@@ -328,7 +328,9 @@ def test_every_row_of_the_table_lowers_for_mosaic_and_is_bit_exact(name, dtype):
     f, args = _one_primitive(name, dtype)
     res = _rewrite(f, *args)
     (k,) = _kernels(res.jaxpr)
-    assert _inside(k)[name] >= 1
+    # (a select between masks is computed with logic ops: `kernel._select`)
+    want = {"and", "or", "not"} if (name, dtype) == ("select_n", "bool") else {name}
+    assert want <= set(_inside(k))
     assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(*args), jax.jit(f)(*args))
     _, targets = _lowers_for_tpu(f, *args)
     assert targets == ["tpu_custom_call"]

@@ -46,7 +46,9 @@ KERNEL_PRIMITIVES: dict[str, tuple[str, ...]] = {
     "eq": _INT_BOOL, "ne": _INT_BOOL, "lt": _INT, "le": _INT, "gt": _INT, "ge": _INT,
     # (signed only: Mosaic failed to legalize `arith.maxui` on a TPU v5e, Dec 6)
     "max": ("int32",), "min": ("int32",),
-    "select_n": _INT_BOOL,            # (two cases, a boolean predicate: `select_ok`)
+    # (two cases, a boolean predicate: `select_ok`; between booleans as logic ops, since Mosaic
+    # did not compile a select of masks on a TPU v5e, Dec 6: `passes/kernel._select`)
+    "select_n": _INT_BOOL,
     "convert_element_type": _INT_BOOL,
 }
 SHIFTS = frozenset({"shift_left", "shift_right_logical", "shift_right_arithmetic"})

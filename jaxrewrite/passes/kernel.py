@@ -351,6 +351,18 @@ def _call(e, vals, tile):
     return evaluate(body.jaxpr, body.consts, vals, tile)
 
 
+def _select(e, vals, tile):
+    """`select_n(p, a, b)`; between booleans as `(p & b) | (~p & a)`: Mosaic failed to
+    compile a select of masks on a TPU v5e ("Invalid input layout" at `arith.extsi` i1 -> i8,
+    Dec 6), and the logic ops on masks compile."""
+    if np.dtype(_dtype(e.outvars[0])) != np.bool_:
+        return [e.primitive.bind(*vals, **e.params)]
+    if len(vals) == 2:   # (one case)
+        return [vals[1]]
+    p, a, b = vals
+    return [(p & b) | (~p & a)]
+
+
 def _identity(e, vals, tile):
     return [vals[0]]
 
@@ -399,6 +411,7 @@ def _shift(e, vals, tile):
 _TILE_RULES = {
     "scan": _scan, "while": _while, **{name: _call for name in _BODIES},
     "broadcast_in_dim": _broadcast, "iota": _iota, "convert_element_type": _convert,
+    "select_n": _select,
     **{name: _shift for name in mosaic.SHIFTS},
     **{name: _identity for name in mosaic.IDENTITIES},
 }
