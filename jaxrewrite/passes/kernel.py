@@ -64,7 +64,7 @@ _CALLS = frozenset({"jit", "pjit"})
 _EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concatenate",
                     "transpose", "broadcast_in_dim", "gather", "dynamic_slice", "pad", "rev",
                     "iota", "expand_dims", "copy", "copy_p", "split", "dynamic_update_slice",
-                    "scatter"})
+                    "scatter", "random_unwrap", "random_wrap"})
 _MAX_KERNELS = 16        # kernels emitted per level (each a walk of the level after it)
 
 
