@@ -1,0 +1,235 @@
+"""JAX's Threefry draws opened into their rounds and made one Pallas kernel (passes/threefry.py).
+
+Without a TPU (CI): the kernels run in Pallas's interpreter (`backend.mosaic.interpret()`), bit
+for bit against `jax.jit` for many keys and shapes; structure (one `pallas_call`, no
+`random_bits`/`threefry2x32` left, the uniform's shift and or inside the kernel); declines with
+their reasons; and the emitted kernel lowered to Mosaic for the TPU on this host
+(`jax.export` with `platforms=["tpu"]`). On a TPU the same tests run the kernels with Mosaic.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxrewrite
+from jaxrewrite import _compat as C
+from jaxrewrite import _walk
+from jaxrewrite.backend import cost as _cost
+from jaxrewrite.backend import mosaic
+from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
+
+TPU = dict(target="tpu", kernel=True, strict=True)
+_FEW = settings(max_examples=6, deadline=None, derandomize=True, database=None)
+
+# (8, 128) tiles: 1, 2, 8 and 16 of them, in shapes of 1 to 3 axes
+SHAPES = [(1024,), (8, 128), (2, 1024), (4, 8, 256), (16384,)]
+
+DRAWS = {
+    "bits": lambda k, s: jax.random.bits(k, s),
+    "uniform": lambda k, s: jax.random.uniform(k, s, minval=-2.0, maxval=3.0),
+    "bernoulli": lambda k, s: jax.random.bernoulli(k, 0.3, s),
+    "normal": lambda k, s: jax.random.normal(k, s),
+    "split": lambda k, s: jax.random.key_data(jax.random.split(k, s)),
+    "dropout": lambda k, s: jnp.where(jax.random.bernoulli(k, 0.9, s), 1 / 0.9, 0.0).astype(
+        jnp.bfloat16),
+}
+
+
+def _key(words):
+    return jax.random.wrap_key_data(np.asarray(words, np.uint32), impl="threefry2x32")
+
+
+def _rewrite(fn, *args, **opts):
+    return jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **{**TPU, **opts})
+
+
+def _kernels(cj) -> list:
+    return [e for e in _walk.iter_eqns(cj) if e.primitive.name == "pallas_call"]
+
+
+def _reasons(report, pass_name="threefry"):
+    return [e.reason for e in report.declines if e.pass_name == pass_name]
+
+
+# --- bit for bit --------------------------------------------------------------------------------
+
+@_FEW
+@given(draw=st.sampled_from(sorted(DRAWS)), shape=st.sampled_from(SHAPES),
+       keys=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+                     min_size=3, max_size=3))
+def test_draws_are_bit_for_bit_jax_jit_for_many_keys_and_shapes(draw, shape, keys):
+    f = lambda k: DRAWS[draw](k, shape)  # noqa: E731
+    opt, ref = jaxrewrite.optimize(f, **TPU), jax.jit(f)
+    for words in keys:
+        k = _key(words)
+        assert_bitwise_equal(opt(k), ref(k))
+
+
+@pytest.mark.parametrize("draw", sorted(DRAWS))
+def test_each_draw_is_one_kernel_with_nothing_of_threefry_left(draw):
+    k = jax.random.key(2026)
+    f = lambda k: DRAWS[draw](k, (4, 2048))  # noqa: E731
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+    res = _rewrite(f, k)
+    (kern,) = _kernels(res.jaxpr)
+    counts = primitive_counts(res.jaxpr)
+    for gone in ("random_bits", "random_split", "threefry2x32", "iota_2x32_shape"):
+        assert gone not in counts
+    (stats,) = res.report.stats["threefry"]
+    assert stats["elements"] == 8192 and stats["shape"] == (4, 2048)
+    # nothing read but the key: its two words and the third key word, scalars in SMEM
+    (kstats,) = res.report.stats["kernel"]
+    assert (kstats["pieces_in"], kstats["scalars_in"]) == (0, 3)
+    assert kstats["pieces_out"] == (2 if draw == "split" else 1)
+    inside = primitive_counts(C.closed(kern.params["jaxpr"], ()))
+    assert inside["program_id"] == 1          # the counters: an iota of the grid step
+    if draw in ("uniform", "bernoulli", "normal", "dropout"):
+        # uniform's integer epilogue (>> 9, | 0x3F800000) runs in the kernel, its float one after
+        assert stats["epilogue"] == ["shift_right_logical", "or"]
+        assert inside["or"] == 21 and inside["shift_right_logical"] == 21
+    assert not [r for r in _reasons(res.report)]
+
+
+def test_the_bits_are_the_cpu_s_bits_for_the_same_key():
+    """The rounds are JAX's own: the draw equals JAX's on the CPU (its rolled-loop lowering)."""
+    k = jax.random.key(123)
+    f = lambda k: jax.random.bits(k, (2, 4096))  # noqa: E731
+    out = np.asarray(jaxrewrite.optimize(f, **TPU)(k))
+    with jax.default_device(jax.devices("cpu")[0]):
+        want = np.asarray(jax.jit(f)(jax.random.key(123)))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_the_rewrite_is_idempotent_and_the_same_under_jit():
+    f = lambda k: jax.random.uniform(k, (8, 1024))  # noqa: E731
+    k = jax.random.key(5)
+    cj = jaxrewrite.make_jaxpr(f, **TPU)(k)
+    again = jaxrewrite.rewrite_jaxpr(cj, **TPU)
+    assert len(_kernels(again)) == len(_kernels(cj)) == 1
+    assert_bitwise_equal(jax.jit(lambda k: jaxrewrite.optimize(f, **TPU)(k))(k), jax.jit(f)(k))
+
+
+# --- declines -----------------------------------------------------------------------------------
+
+def test_fold_in_is_declined_and_the_draw_after_it_opened():
+    f = lambda k: jax.random.bits(jax.random.fold_in(k, 7), (1024,))  # noqa: E731
+    k = jax.random.key(9)
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+    res = _rewrite(f, k)
+    assert len(_kernels(res.jaxpr)) == 1
+    (why,) = _reasons(res.report)
+    assert why.startswith("random_fold_in stays XLA's") and "two words" in why
+
+
+def test_vmapped_keys_are_declined():
+    f = lambda k: jax.vmap(lambda kk: jax.random.bits(kk, (1024,)))(  # noqa: E731
+        jax.random.split(k, 8))
+    k = jax.random.key(1)
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+    res = _rewrite(f, k)
+    assert not _kernels(res.jaxpr) and primitive_counts(res.jaxpr)["random_bits"] == 1
+    reasons = _reasons(res.report)
+    assert any("a key array of shape (8,)" in r for r in reasons)
+    assert any(r.startswith("random_split of (8,)") and "tiles" in r for r in reasons)
+
+
+@pytest.mark.parametrize("shape", [(1000,), (3, 100), (8, 100)])
+def test_shapes_that_do_not_tile_are_declined(shape):
+    f = lambda k: jax.random.bits(k, shape)  # noqa: E731
+    k = jax.random.key(3)
+    res = _rewrite(f, k)
+    assert not _kernels(res.jaxpr) and primitive_counts(res.jaxpr)["random_bits"] == 1
+    (why,) = _reasons(res.report)
+    assert mosaic.tile_reason(int(np.prod(shape)), 16) in why
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+
+
+def test_other_generators_are_declined():
+    f = lambda k: jax.random.bits(k, (8, 128))  # noqa: E731
+    for impl in ("rbg", "unsafe_rbg"):
+        res = _rewrite(f, jax.random.key(0, impl=impl))
+        assert not _kernels(res.jaxpr)
+        (why,) = _reasons(res.report)
+        assert "not Threefry" in why
+
+
+def test_without_partitionable_counters_the_draw_is_declined():
+    f = lambda k: jax.random.bits(k, (8, 128))  # noqa: E731
+    k = jax.random.key(4)
+    with jax.threefry_partitionable(False):
+        res = _rewrite(f, k)
+        assert not _kernels(res.jaxpr)
+        (why,) = _reasons(res.report)
+        assert "jax_threefry_partitionable is off" in why
+        assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+
+
+def test_auto_takes_large_draws_on_the_tpu_only():
+    """`kernel="auto"`: the TPU row's `threefry_min_elements` (provisional) and the kernel's own
+    minimum decide; other targets are left alone (structure only: nothing runs)."""
+    c = _cost.costs("tpu")
+    big = (c.threefry_min_elements // 1024, 1024)
+    f = lambda k: jax.random.bits(k, big)  # noqa: E731
+    cj = jax.make_jaxpr(f)(jax.random.key(0))
+    assert len(_kernels(jaxrewrite.rewrite_jaxpr(cj, target="tpu"))) == 1
+    for target in ("cpu", "gpu"):
+        assert not _kernels(jaxrewrite.rewrite_jaxpr(cj, target=target))
+    small = jax.make_jaxpr(lambda k: jax.random.bits(k, (8, 1024)))(jax.random.key(0))
+    res = jaxrewrite.rewrite_jaxpr_with_report(small, target="tpu")
+    assert not _kernels(res.jaxpr)
+    (why,) = _reasons(res.report)
+    assert "threefry_min_elements" in why
+    # below the kernel's own minimum, whatever this row says: the draw is kept, not opened
+    with _cost.override_row("tpu", threefry_min_elements=1024):
+        res = jaxrewrite.rewrite_jaxpr_with_report(small, target="tpu")
+    assert primitive_counts(res.jaxpr)["random_bits"] == 1
+    (why,) = _reasons(res.report)
+    assert "kernel_min_elements" in why
+
+
+def test_no_draws_opened_without_kernels():
+    f = lambda k: jax.random.bits(k, (8, 1024))  # noqa: E731
+    cj = jax.make_jaxpr(f)(jax.random.key(0))
+    for opts in (dict(target="tpu", kernel=False), dict(target="cpu")):
+        res = jaxrewrite.rewrite_jaxpr_with_report(cj, **opts)
+        assert primitive_counts(res.jaxpr)["random_bits"] == 1
+        assert "threefry" not in res.report.stats
+
+
+def test_a_draw_in_a_loop_body_is_declined():
+    def f(k):
+        return jax.lax.fori_loop(0, 2, lambda i, a: a ^ jax.random.bits(
+            jax.random.fold_in(k, i), (1024,)), jnp.zeros(1024, jnp.uint32))
+    k = jax.random.key(8)
+    res = _rewrite(f, k)
+    assert primitive_counts(res.jaxpr)["random_bits"] == 1 and "threefry" not in res.report.stats
+    assert any("in a 'scan' body stays XLA's" in r for r in _reasons(res.report))
+    assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+
+
+# --- explain, and the kernel lowered for the TPU -------------------------------------------------
+
+def test_explain_shows_the_threefry_kernel():
+    e = jaxrewrite.explain(lambda k: jax.random.bits(k, (8, 1024)), **TPU)(jax.random.key(0))
+    (fry,) = [ev for ev in e.rewrites if ev.pass_name == "threefry"]
+    assert fry.before == ("random_bits",) and "20 rounds" in fry.reason
+    (kern,) = [ev for ev in e.rewrites if ev.pass_name == "kernel"]
+    assert kern.after == ("pallas_call",)
+    assert "3 scalar(s) in SMEM" in kern.reason
+
+
+@pytest.mark.parametrize("draw", ["bits", "uniform", "split"])
+def test_the_kernel_lowers_for_the_tpu(draw):
+    """Emitted for Mosaic, exported for the TPU on this host: Pallas's TPU lowering runs."""
+    k = jax.random.key(0)
+    f = lambda k: DRAWS[draw](k, (8, 2048))  # noqa: E731
+    with mosaic.emit_for("tpu"):
+        cj = jaxrewrite.make_jaxpr(f, **TPU)(k)
+    (kern,) = _kernels(cj)
+    assert not kern.params["interpret"]
+    exported = jax.export.export(jax.jit(lambda k: C.eval_jaxpr(cj, k)), platforms=["tpu"])(k)
+    text = exported.mlir_module()
+    assert text.count("tpu_custom_call") == 1
+    assert "threefry2x32" not in primitive_counts(cj)
