@@ -28,8 +28,10 @@ bitcast to float) are taken onto the piece too (`_EPILOGUE`), so they run in the
 the float epilogues stay XLA's (`backend/mosaic.py` holds no float primitive).
 
 `random_split` to a shape S is opened the same way (its words as two pieces, stacked and
-wrapped by XLA after the kernel). Declined with the reason, the draw kept as it is:
-- `random_fold_in`: it hashes one pair of counters (two words, not a tile);
+wrapped by XLA after the kernel). `random_fold_in` (one pair of counters) and a split into
+fewer keys than a (8, 128) tile holds (`split(key)`: 2) are left as they are, counted
+(`threefry.small_key_derivations`), not declined: keys for later draws, never a kernel's worth.
+Declined with the reason, the draw kept as it is:
 - a key array (`key<fry>[B]`: vmapped keys, one key a row): its key words would be pieces read
   from HBM, not done; keys of another implementation (`rbg`, `unsafe_rbg`);
 - `jax_threefry_partitionable` off (the counters are halves of one 32-bit iota);
@@ -150,8 +152,6 @@ def _reason(eqn, ctx, mode) -> str | None:
     if not C.is_threefry(impl):
         return (f"keys of the '{impl}' implementation: not Threefry's rounds (XLA's own "
                 f"generator or another hash)")
-    if name == "random_fold_in":
-        return "fold_in hashes one pair of counters (two words): no tile for a kernel to fill"
     if key.shape:
         return (f"a key array of shape {key.shape} (vmapped keys, one key a row): the key "
                 f"words would be pieces read from HBM, not done")
@@ -164,6 +164,13 @@ def _reason(eqn, ctx, mode) -> str | None:
     rows = _cost.costs(ctx.target).kernel_tile_rows
     return (mosaic.tile_reason(n, rows)
             or _cost.threefry_decision(n, mode, ctx.target))
+
+
+def _small_keys(eqn) -> bool:
+    """A `random_fold_in`, or a `random_split` into fewer keys than one (8, 128) tile holds."""
+    if eqn.primitive.name == "random_fold_in":
+        return True
+    return math.prod(eqn.params["shape"]) < mosaic.SUBLANES * mosaic.LANES
 
 
 def _epilogue_of(eqn, uses) -> list:
@@ -235,6 +242,11 @@ def _level(cj, ctx, mode, memo):
 def _draw(eqn, ctx, mode, uses):
     """(new equations, the var they replace, its new atom, consumers taken) or None (declined,
     recorded)."""
+    if eqn.primitive.name != "random_bits" and _small_keys(eqn):
+        # (a program's `split(key)` and `fold_in`: keys for later draws, never a kernel's worth;
+        # counted, not declined, as the kernel pass counts its short regions)
+        ctx.report.count(f"{NAME}.small_key_derivations")
+        return None
     why = _reason(eqn, ctx, mode)
     if why is not None:
         what = (f"{eqn.primitive.name} of {eqn.params['shape']}" if "shape" in eqn.params
