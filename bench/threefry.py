@@ -12,9 +12,10 @@ Variants, every one compiled in this process:
 - `jit`, `jit (A/A)`: `jax.jit` twice (the second: what noise is);
 - `optimize`: the default (`kernel="auto"`, the TPU row: its `threefry_min_elements` is
   provisional); `optimize kernel=True`: a kernel whatever the size;
-- `optimize rows=R`: `kernel=True` with the TPU row's `kernel_tile_rows` = R (16 is the row's
-  value, measured on ChaCha20's 16 pieces in and out; a draw reads nothing and writes one piece,
-  so its grid steps are short: the sweep says which rows pay);
+- `optimize rows=R`: `kernel=True` with the TPU row's `kernel_generator_rows` = R, the rows of
+  a grid step for a kernel that reads no piece (512, provisional; `kernel_tile_rows`, 16, was
+  measured on ChaCha20's 16 pieces in and out: a draw only writes, so a step of 16 rows would
+  be mostly step overhead); the sweep says which rows pay;
 - `jit rbg` (bits only): `jax.random.bits` on an `rbg` key, XLA's RngBitGenerator: the speed
   the issue aims at, with other bits (not checked: `exact` is None).
 3. The threshold sweep: `jax.random.bits` of 65,536 / 262,144 / 1,048,576 words, `jit`
@@ -135,7 +136,7 @@ def _variants(f, key, rows_sweep=(), rbg=None) -> dict:
          "optimize": (lambda: _opt()(f), {}, (key,), True),
          "optimize kernel=True": (lambda: _opt(kernel=True)(f), {}, (key,), True)}
     for r in rows_sweep:
-        v[f"optimize rows={r}"] = (lambda: _opt(kernel=True)(f), {"kernel_tile_rows": r},
+        v[f"optimize rows={r}"] = (lambda: _opt(kernel=True)(f), {"kernel_generator_rows": r},
                                    (key,), True)
     if rbg is not None:
         v["jit rbg (other bits)"] = (lambda: jax.jit(f), {}, (rbg,), False)
@@ -147,7 +148,7 @@ def main(quick: bool = False) -> list[dict]:
         raise SystemExit("run with x64 off: Mosaic refuses the int64 grid index maps x64 makes")
     key, rbg = jax.random.key(2026), jax.random.key(2026, impl="rbg")
     reps = 5 if quick else 7
-    sweep = (16, 64) if quick else (16, 64, 256, 1024)
+    sweep = (16, 64) if quick else (16, 128, 512, 2048)
     rows = []
     for n in ((1 << 14, 1 << 16) if quick else (1 << 24, 1 << 26)):
         rows += table("bits uint32", n, _variants(bits((n,)), key, sweep, rbg), reps)
@@ -173,7 +174,7 @@ def cli() -> dict:
                 threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
                 tpu_row={k: getattr(row, k) for k in (
                     "kernel_min_elements", "kernel_min_eqns", "kernel_tile_rows",
-                    "threefry_min_elements")},
+                    "kernel_generator_rows", "threefry_min_elements")},
                 seconds=time.perf_counter() - t0, rows=rows)
 
 

@@ -115,6 +115,21 @@ def test_each_draw_is_one_kernel_with_nothing_of_threefry_left(draw):
     assert not [r for r in _reasons(res.report)]
 
 
+def test_a_draw_s_kernel_takes_the_generator_rows_of_the_cost_row():
+    """A kernel that reads no piece only writes: its grid steps are `kernel_generator_rows`
+    rows (at most the piece's own), not the `kernel_tile_rows` of kernels that read pieces
+    (structure only: nothing runs)."""
+    gen = _cost.costs("tpu").kernel_generator_rows
+    assert gen > _cost.costs("tpu").kernel_tile_rows
+    for n, rows in ((1 << 20, gen), (8192, 64), (1024, 8)):
+        res = _rewrite(lambda k: jax.random.bits(k, (n,)), jax.random.key(0))
+        (stats,) = res.report.stats["kernel"]
+        assert (stats["rows"], stats["grid"]) == (rows, n // 128 // rows)
+    with _cost.override_row("tpu", kernel_generator_rows=0):
+        res = _rewrite(lambda k: jax.random.bits(k, (1 << 20,)), jax.random.key(0))
+    assert res.report.stats["kernel"][0]["rows"] == _cost.costs("tpu").kernel_tile_rows
+
+
 def test_the_bits_are_the_cpu_s_bits_for_the_same_key():
     """The rounds are JAX's own: the draw equals JAX's on the CPU (its rolled-loop lowering)."""
     k = jax.random.key(123)
@@ -219,6 +234,16 @@ def test_auto_takes_large_draws_on_the_tpu_only():
     assert primitive_counts(res.jaxpr)["random_bits"] == 1
     (why,) = _reasons(res.report)
     assert "kernel_min_elements" in why
+
+
+def test_the_switch_opens_draws_in_jax_jit():
+    f = lambda k: jax.random.normal(k, (4, 1024))  # noqa: E731
+    k = jax.random.key(3)
+    ref = jax.jit(f)(k)
+    with jaxrewrite.enabled(**TPU):
+        out = jax.jit(lambda k: f(k))(k)
+    assert_bitwise_equal(out, ref)
+    assert jaxrewrite.last_report().counts["threefry.applied"] == 1
 
 
 def test_no_draws_opened_without_kernels():

@@ -256,6 +256,12 @@ class TargetCosts:
     # guess (a 1 MiB draw, 4x the kernel's own minimum, for a kernel of ~120 equations that
     # reads nothing but the key) until bench/threefry.py measures it on the chip.
     threefry_min_elements: int = 0
+    # Rows a grid step for a kernel region that reads no piece, only scalars and the iota (a
+    # Threefry draw: it only writes), 0: `kernel_tile_rows`. Such a step of 16 rows writes 8
+    # KiB, and a 67,108,864-word draw would take 32,768 steps. The TPU row's 512 is PROVISIONAL
+    # (JAX's hand-written Pallas Threefry takes (256, 256) blocks: 512 rows of 128) until
+    # bench/threefry.py's sweep measures it.
+    kernel_generator_rows: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -293,7 +299,8 @@ COSTS: dict[str, TargetCosts] = {
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
-                       threefry_min_elements=262_144),   # (provisional: not measured yet)
+                       threefry_min_elements=262_144,    # (provisional: not measured yet)
+                       kernel_generator_rows=512),       # (provisional: not measured yet)
 }
 
 

@@ -162,8 +162,8 @@ def _reason(eqn, ctx, mode) -> str | None:
     if n >= 2 ** 31:
         return f"{n} elements: the kernel's iota is int32 (fewer than 2**31 elements)"
     rows = _cost.costs(ctx.target).kernel_tile_rows
-    return (mosaic.tile_reason(n, rows)
-            or _cost.threefry_decision(n, mode, ctx.target))
+    return (_cost.threefry_decision(n, mode, ctx.target)
+            or mosaic.tile_reason(n, rows))
 
 
 def _small_keys(eqn) -> bool:
