@@ -147,6 +147,23 @@ def test_equivalent_under_vmap_over_keys_and_checked(draw):
     assert len(_kernels(cj)) == 1
 
 
+def test_a_training_step_with_dropout():
+    """The mask's kernel inside a gradient step: the draw is the same, the step's floats within
+    the contract (they are XLA's, fused around the kernel)."""
+    def loss(w, x, k):
+        h = jnp.tanh(x @ w)
+        keep = jax.random.bernoulli(k, 0.9, h.shape)
+        return jnp.mean(jnp.where(keep, h / 0.9, 0.0) ** 2)
+
+    def step(w, x, k):
+        return w - 0.1 * jax.grad(loss)(w, x, k)
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((128, 256)), jnp.float32) * 0.1
+    x = jnp.asarray(rng.standard_normal((32, 128)), jnp.float32)
+    cj = assert_equivalent(step, w, x, jax.random.key(4), grad=False, vmap=False, **TPU)
+    assert len(_kernels(cj)) == 1 and "random_bits" not in primitive_counts(cj)
+
+
 def test_the_rewrite_is_idempotent_and_the_same_under_jit():
     f = lambda k: jax.random.uniform(k, (8, 1024))  # noqa: E731
     k = jax.random.key(5)
