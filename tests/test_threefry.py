@@ -177,7 +177,8 @@ def test_the_rewrite_is_idempotent_and_the_same_under_jit():
 
 def test_small_key_derivations_are_left_alone_and_the_draw_after_them_opened():
     """fold_in (one pair of counters) and split(key) (two keys) are counted, not declined."""
-    f = lambda k: jax.random.bits(jax.random.fold_in(jax.random.split(k)[1], 7), (1024,))  # noqa: E731
+    def f(k):
+        return jax.random.bits(jax.random.fold_in(jax.random.split(k)[1], 7), (1024,))
     k = jax.random.key(9)
     assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
     res = _rewrite(f, k)

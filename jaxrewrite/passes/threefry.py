@@ -1,4 +1,4 @@
-"""JAX's own Threefry draws opened into their rounds, where the kernel pass makes one kernel of them.
+"""JAX's own Threefry draws opened into their rounds, for the kernel pass to make one kernel of.
 
 `jax.random` draws bits with a primitive on a typed key (`random_bits` on `key<fry>[]`), whose
 Threefry implementation makes a 64-bit iota of the output's shape as (high, low) counter words
@@ -71,6 +71,8 @@ def _counters(e, vals):
     high word is 0 and the low word the 32-bit iota (what `iota_2x32_shape_lowering` computes:
     convert(iota >> 32), convert(iota))."""
     (n,) = e.params["shape"]
+    if n >= 2 ** 32:   # (`_reason` opens fewer than 2**31)
+        raise ValueError(f"iota_2x32_shape of {n} elements: the high word is not 0")
     return [lax.full((n,), 0, np.uint32), lax.iota(np.uint32, n)]
 
 
@@ -137,12 +139,13 @@ def _opened_draw(eqn, n: int, epilogue: list):
 
 
 def _apply_epilogue(e, piece):
-    """Consumer `e` (`_EPILOGUE`, one operand the bits, the other a scalar literal) on the piece."""
+    """Consumer `e` (`_EPILOGUE`: one operand the bits, the other a scalar literal), on the
+    piece."""
     vals = [piece if not C.is_literal(a) else C.literal_value(a) for a in e.invars]
     return e.primitive.bind(*vals, **e.params)
 
 
-# --- what is opened --------------------------------------------------------------------------------
+# --- what is opened ----------------------------------------------------------------------------
 
 def _reason(eqn, ctx, mode) -> str | None:
     """Why the draw `eqn` is not opened (None: it is)."""
