@@ -130,6 +130,19 @@ def test_a_draw_s_kernel_takes_the_generator_rows_of_the_cost_row():
     assert res.report.stats["kernel"][0]["rows"] == _cost.costs("tpu").kernel_tile_rows
 
 
+@pytest.mark.parametrize("sampler", [
+    lambda k: jax.random.uniform(k, (4, 1024), jnp.bfloat16),        # 16-bit draws
+    lambda k: jax.random.randint(k, (4, 1024), -7, 1000),            # two draws
+    lambda k: jax.random.truncated_normal(k, -2.0, 2.0, (8, 128)),
+    lambda k: jax.random.permutation(k, 4096),
+])
+def test_other_samplers_are_bit_for_bit(sampler):
+    k = jax.random.key(21)
+    assert_bitwise_equal(jaxrewrite.optimize(sampler, **TPU)(k), jax.jit(sampler)(k))
+    cj = jaxrewrite.make_jaxpr(sampler, **TPU)(k)
+    assert _kernels(cj) and "random_bits" not in primitive_counts(cj)
+
+
 def test_the_bits_are_the_cpu_s_bits_for_the_same_key():
     """The rounds are JAX's own: the draw equals JAX's on the CPU (its rolled-loop lowering)."""
     k = jax.random.key(123)
