@@ -1040,3 +1040,44 @@ def pallas_program_id(axis: int = 0):
     """The grid step a kernel runs (inside its body)."""
     from jax.experimental import pallas as pl
     return pl.program_id(axis)
+
+
+# --- Threefry draws (passes/threefry.py) ----------------------------------------------------------
+#
+# JAX 0.10 moved the PRNG into `jax._src.random` (`prng.py`: the key types and the `random_*`
+# primitives; `threefry2x32.py`: the Threefry implementation); before, both were
+# `jax._src.prng`. What the pass reads: a key dtype's implementation (its `random_bits` and
+# `split`, traced on the key's words), whether it is Threefry, and the Threefry hash's own
+# definition (`_threefry2x32_lowering`: the 20 rounds as the TPU and GPU lower them).
+
+def _threefry_module():
+    try:  # JAX >= 0.10
+        from jax._src.random import threefry2x32 as mod
+    except ImportError:  # pragma: no cover - JAX < 0.10
+        from jax._src import prng as mod
+    return mod
+
+
+def key_impl(aval):
+    """The PRNG implementation of a typed key array's aval (`key<fry>[]`), else None."""
+    impl = getattr(getattr(aval, "dtype", None), "_impl", None)
+    return impl if impl is not None and hasattr(impl, "random_bits") else None
+
+
+def is_threefry(impl) -> bool:
+    """Whether `impl` (a `key_impl`) is JAX's Threefry-2x32."""
+    return impl is not None and impl is getattr(_threefry_module(), "threefry_prng_impl", None)
+
+
+def threefry_partitionable() -> bool:
+    """`jax_threefry_partitionable` (on by default since JAX 0.5): the counters are a 64-bit
+    iota of the output's shape as (high, low) words, not halves of one 32-bit iota."""
+    return bool(jax.config.jax_threefry_partitionable)
+
+
+def threefry2x32_rounds(k1, k2, x1, x2) -> tuple:
+    """JAX's own Threefry-2x32 hash of counter words (x1, x2) under key words (k1, k2), as
+    straight-line adds, rotates and xors (`_threefry2x32_lowering`, unrolled: the form JAX
+    lowers `threefry2x32` to on the TPU and the GPU)."""
+    return tuple(_threefry_module()._threefry2x32_lowering(k1, k2, x1, x2,
+                                                            use_rolled_loops=False))

@@ -33,7 +33,10 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
                 rolled loop is split as a `fori_loop` is (`PassSpec.then`).
 8. tile       - (CPU) a batch-independent program whose loop state exceeds the cache runs as a
                 loop over tiles of its batch axis, its loops inside (once, at the end).
-8a. kernel    - (TPU) a region of integer work on split pieces (a split loop with its words,
+8a. threefry - (TPU) JAX's Threefry draws (`random_bits`, `random_split` on a typed key) are
+                opened into their rounds on 1-D pieces, the counters an iota, so that the
+                kernel pass makes one kernel of each (once, just before it).
+8b. kernel    - (TPU) a region of integer work on split pieces (a split loop with its words,
                 or straight-line rounds) becomes one Pallas kernel over (rows, 128) tiles of
                 every piece, its loops inside (once, at the end; flatten keeps a loop rolled
                 where this pass will take it).
@@ -128,6 +131,10 @@ PASSES: tuple[PassSpec, ...] = (
              enabled_by=lambda v: bool(v) and v != "auto"),
     # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
     PassSpec("tile", "tile", False, uses_enabling=False),
+    # JAX's Threefry draws opened into their rounds (an iota, 32-bit words) where the kernel
+    # pass, next, makes one kernel of them; enabled as that pass is.
+    PassSpec("threefry", "kernel", False, uses_enabling=False,
+             enabled_by=lambda v: v is not False),
     # After every pass that splits: a region of integer work on the pieces they left becomes
     # one Pallas kernel (TPU; `kernel=True`: any target). It takes what it is given.
     PassSpec("kernel", "kernel", False, uses_enabling=False,

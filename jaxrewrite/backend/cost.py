@@ -250,6 +250,18 @@ class TargetCosts:
     kernel_min_eqns: int = 0
     kernel_tile_rows: int = 16
     kernel_input_fusion: bool = False
+    # JAX's Threefry draws opened into their rounds for that kernel (passes/threefry.py,
+    # `kernel="auto"`): from `threefry_min_elements` elements a draw (0: no minimum of its own;
+    # the kernel's `kernel_min_elements` still holds). The TPU row's value is PROVISIONAL: a
+    # guess (a 1 MiB draw, 4x the kernel's own minimum, for a kernel of ~120 equations that
+    # reads nothing but the key) until bench/threefry.py measures it on the chip.
+    threefry_min_elements: int = 0
+    # Rows a grid step for a kernel region that reads no piece, only scalars and the iota (a
+    # Threefry draw: it only writes), 0: `kernel_tile_rows`. Such a step of 16 rows writes 8
+    # KiB, and a 67,108,864-word draw would take 32,768 steps. The TPU row's 512 is PROVISIONAL
+    # (JAX's hand-written Pallas Threefry takes (256, 256) blocks: 512 rows of 128) until
+    # bench/threefry.py's sweep measures it.
+    kernel_generator_rows: int = 0
 
 
 COSTS: dict[str, TargetCosts] = {
@@ -286,7 +298,9 @@ COSTS: dict[str, TargetCosts] = {
     # against 0.95x; at 1,048,576 rows of 8 / 16 / 32 ran 0.108x / 0.098x / 0.103x).
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
-                       kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16),
+                       kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
+                       threefry_min_elements=262_144,    # (provisional: not measured yet)
+                       kernel_generator_rows=512),       # (provisional: not measured yet)
 }
 
 
@@ -904,4 +918,16 @@ def kernel_decision(elements: int, eqns: int, loops: int, mode, target: str | No
     if not loops and eqns < c.kernel_min_eqns:
         return (f"{eqns} equations and no loop, fewer than {c.kernel_min_eqns} (the {target} "
                 f"row's kernel_min_eqns: XLA fuses a short region into one kernel already)")
+    return None
+
+
+def threefry_decision(elements: int, mode, target: str | None) -> str | None:
+    """None where a Threefry draw of `elements` words is opened for the kernel
+    (passes/threefry.py), else why not. `kernel=True`: wherever a kernel can be emitted."""
+    if mode is True:
+        return None
+    c = costs(target)
+    if elements < c.threefry_min_elements:
+        return (f"{elements} elements, fewer than {c.threefry_min_elements} (the {target} row's "
+                f"threefry_min_elements, provisional until measured on the chip)")
     return None

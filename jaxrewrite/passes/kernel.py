@@ -71,7 +71,7 @@ _BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr",
 _EDGES = frozenset({"slice", "squeeze", "reshape", "stack", "unstack", "concatenate",
                     "transpose", "broadcast_in_dim", "gather", "dynamic_slice", "pad", "rev",
                     "iota", "expand_dims", "copy", "copy_p", "split", "dynamic_update_slice",
-                    "scatter"})
+                    "scatter", "random_unwrap", "random_wrap"})
 _MAX_KERNELS = 16        # kernels emitted per level (each a walk of the level after it)
 
 
@@ -562,6 +562,12 @@ def _emit(region: _Region, ctx, mode):
     n = region.n
     costs = _cost.costs(ctx.target)
     rows = costs.kernel_tile_rows
+    pieces = [_shape(v) == (n,) for v in region.inputs]
+    if not any(pieces) and costs.kernel_generator_rows:
+        # (a region that reads no piece, its pieces made from the iota (a Threefry draw), only
+        # writes: a short grid step would be all step overhead; at most the piece's own rows)
+        rows = max(mosaic.SUBLANES, min(costs.kernel_generator_rows,
+                                        n // mosaic.LANES // mosaic.SUBLANES * mosaic.SUBLANES))
     work, loops, trips = _work(region.members)
     site = next((e for e in region.members if e.primitive.name in _LOOPS), region.members[0])
     if mode == "auto" and not loops and work < costs.kernel_min_eqns:
@@ -577,7 +583,6 @@ def _emit(region: _Region, ctx, mode):
     interpret = mosaic.interpret()
     region_cj = C.closed(C.new_jaxpr(region.inputs, region.members, region.outputs,
                                      name="kernel_region"))
-    pieces = [_shape(v) == (n,) for v in region.inputs]
     tile = _Tile((rows, mosaic.LANES))
     word = np.dtype(np.int32)
 
