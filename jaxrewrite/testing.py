@@ -339,3 +339,25 @@ def primitive_counts(cj) -> dict[str, int]:
     for e in iter_eqns(cj):
         counts[e.primitive.name] = counts.get(e.primitive.name, 0) + 1
     return counts
+
+
+def tpu_custom_calls(cj, *args) -> list[str]:
+    """The custom calls (their targets, in order) of `cj` lowered for the TPU on this host:
+    Pallas's TPU lowering runs for every kernel emitted for Mosaic (`backend.mosaic.emit_for`),
+    and raises where it has no rule for a primitive the kernel holds. The module is walked,
+    not read as text."""
+    lowered = jax.jit(lambda *a: C.eval_jaxpr(cj, *a)).trace(*args).lower(
+        lowering_platforms=("tpu",))
+    targets = []
+
+    def visit(op):
+        if op.name == "stablehlo.custom_call":
+            targets.append(str(op.attributes["call_target_name"]).strip('"'))
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    visit(inner.operation)
+
+    for op in lowered.compiler_ir("stablehlo").body.operations:
+        visit(op.operation)
+    return targets

@@ -20,7 +20,8 @@ from jaxrewrite import _compat as C
 from jaxrewrite import _walk
 from jaxrewrite.backend import cost as _cost
 from jaxrewrite.backend import mosaic
-from jaxrewrite.testing import assert_bitwise_equal, assert_equivalent, primitive_counts
+from jaxrewrite.testing import (assert_bitwise_equal, assert_equivalent, primitive_counts,
+                                tpu_custom_calls)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import author_chacha as A  # noqa: E402
@@ -73,20 +74,7 @@ def _lowers_for_tpu(fn, *args, **opts):
     with mosaic.emit_for("tpu"):
         cj = jaxrewrite.make_jaxpr(fn, **{**TPU, **opts})(*args)
     assert all(not e.params["interpret"] for e in _kernels(cj))
-    lowered = jax.jit(lambda *a: C.eval_jaxpr(cj, *a)).trace(*args).lower(
-        lowering_platforms=("tpu",))
-    targets = []
-
-    def visit(op):
-        if op.name == "stablehlo.custom_call":
-            targets.append(str(op.attributes["call_target_name"]).strip('"'))
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    visit(inner.operation)
-
-    for op in lowered.compiler_ir("stablehlo").body.operations:
-        visit(op.operation)
+    targets = tpu_custom_calls(cj, *args)
     return cj, targets
 
 

@@ -18,7 +18,8 @@ from jaxrewrite import _compat as C
 from jaxrewrite import _walk
 from jaxrewrite.backend import cost as _cost
 from jaxrewrite.backend import mosaic
-from jaxrewrite.testing import assert_bitwise_equal, assert_equivalent, primitive_counts
+from jaxrewrite.testing import (assert_bitwise_equal, assert_equivalent, primitive_counts,
+                                tpu_custom_calls)
 
 TPU = dict(target="tpu", kernel=True, strict=True)
 _FEW = settings(max_examples=6, deadline=None, derandomize=True, database=None)
@@ -83,11 +84,18 @@ def test_64_bit_draws_under_x64():
         assert len(_kernels(_rewrite(f, k).jaxpr)) == 1
 
 
-def test_no_mosaic_kernels_and_no_draws_opened_with_x64_on():
+def test_draws_with_x64_on_are_one_kernel_that_lowers_for_mosaic():
+    """`jax_enable_x64` (the kernel's block indices are int32): the draw is opened, one
+    kernel, bit for bit, and it lowers for the TPU here."""
     f = lambda k: jax.random.bits(k, (2, 1024))  # noqa: E731
-    with jax.enable_x64(True), mosaic.emit_for("tpu"):
-        res = _rewrite(f, jax.random.key(0))
-    assert primitive_counts(res.jaxpr)["random_bits"] == 1 and "threefry" not in res.report.stats
+    with jax.enable_x64(True):
+        k = jax.random.key(0)
+        assert_bitwise_equal(jaxrewrite.optimize(f, **TPU)(k), jax.jit(f)(k))
+        with mosaic.emit_for("tpu"):
+            res = _rewrite(f, k)
+            assert len(_kernels(res.jaxpr)) == 1 and "random_bits" not in primitive_counts(
+                res.jaxpr)
+            assert tpu_custom_calls(res.jaxpr, k) == ["tpu_custom_call"]
 
 
 @pytest.mark.parametrize("draw", sorted(DRAWS))
@@ -317,7 +325,5 @@ def test_the_kernel_lowers_for_the_tpu(draw):
         cj = jaxrewrite.make_jaxpr(f, **TPU)(k)
     (kern,) = _kernels(cj)
     assert not kern.params["interpret"]
-    exported = jax.export.export(jax.jit(lambda k: C.eval_jaxpr(cj, k)), platforms=["tpu"])(k)
-    text = exported.mlir_module()
-    assert text.count("tpu_custom_call") == 1
+    assert tpu_custom_calls(cj, k) == ["tpu_custom_call"]
     assert "threefry2x32" not in primitive_counts(cj)
