@@ -1014,7 +1014,7 @@ def pallas_tiles_call(kernel: Callable, operands: Sequence, in_smem: Sequence[bo
                       name: str, flops: int = 0, bytes_accessed: int = 0,
                       input_fusion: bool = False) -> list:
     """`kernel(*in_refs, *out_refs)` as one `pallas_call` over a grid of `steps`: the operands
-    flagged in `in_smem` ((1,) arrays) whole in SMEM, the others and every output (2-D (M, 128)
+    flagged in `in_smem` ((1, 1) arrays) whole in SMEM, the others and every output (2-D (M, 128)
     arrays; `out_avals`: (shape, dtype) pairs) in blocks of (rows, 128), block i at row
     i * rows. Grid steps are independent ("parallel"). `input_fusion`: let XLA fuse each
     operand's producer into the kernel's input (`allow_input_fusion`)."""
@@ -1022,7 +1022,10 @@ def pallas_tiles_call(kernel: Callable, operands: Sequence, in_smem: Sequence[bo
     from jax.experimental.pallas import tpu as pltpu
     # (int32 block indices: with jax_enable_x64 a Python 0 would be int64, which Mosaic refuses)
     tiles = pl.BlockSpec((rows, out_avals[0][0][1]), lambda i: (i, np.int32(0)))
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    # (a scalar as (1, 1): under vmap Pallas batches it to (B, 1, 1) in blocks of (1, 1, 1),
+    # which Mosaic takes, where a (1,) batched to (B, 1) in blocks of (1, 1) failed to lower
+    # on a TPU v5e; int32 block indices as above)
+    smem = pl.BlockSpec((1, 1), lambda i: (np.int32(0), np.int32(0)), memory_space=pltpu.SMEM)
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel",),
         allow_input_fusion=[not s for s in in_smem] if input_fusion else None)

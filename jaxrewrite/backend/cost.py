@@ -251,16 +251,18 @@ class TargetCosts:
     kernel_tile_rows: int = 16
     kernel_input_fusion: bool = False
     # JAX's Threefry draws opened into their rounds for that kernel (passes/threefry.py,
-    # `kernel="auto"`): from `threefry_min_elements` elements a draw (0: no minimum of its own;
-    # the kernel's `kernel_min_elements` still holds). The TPU row's value is PROVISIONAL: a
-    # guess (a 1 MiB draw, 4x the kernel's own minimum, for a kernel of ~120 equations that
-    # reads nothing but the key) until bench/threefry.py measures it on the chip.
+    # `kernel="auto"`): from `threefry_min_elements` elements a draw (0: never by default;
+    # `kernel=True` opens every draw it can). The TPU row's is 0, measured: on a TPU v5e (Dec 6,
+    # bench/threefry.py) the kernel drew 16,777,216 / 67,108,864 words at 1.01x / 1.01-1.04x
+    # `jax.jit` (A/A 0.98x / 1.00x) and a bf16 dropout mask of (16, 256, 4096) at 1.02-1.04x:
+    # XLA's fusion of the same rounds is as fast (both are bound by the rounds' vector work,
+    # not by HBM: rbg's bits take 0.54-0.72x). 65,536-1,048,576 words: 0.80-1.19x, launch-bound.
     threefry_min_elements: int = 0
     # Rows a grid step for a kernel region that reads no piece, only scalars and the iota (a
     # Threefry draw: it only writes), 0: `kernel_tile_rows`. Such a step of 16 rows writes 8
-    # KiB, and a 67,108,864-word draw would take 32,768 steps. The TPU row's 512 is PROVISIONAL
-    # (JAX's hand-written Pallas Threefry takes (256, 256) blocks: 512 rows of 128) until
-    # bench/threefry.py's sweep measures it.
+    # KiB, and a 67,108,864-word draw takes 32,768 steps. TPU v5e (Dec 6, bench/threefry.py,
+    # 67,108,864 words, `jax.jit` 1.98 ms): rows 16 / 128 / 512 / 2048 ran 3.20x / 1.13x /
+    # 1.03x / 1.01x `jax.jit` (16,777,216 words: 2.22x / 1.11x / 1.03x / 1.01x).
     kernel_generator_rows: int = 0
 
 
@@ -299,8 +301,7 @@ COSTS: dict[str, TargetCosts] = {
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
-                       threefry_min_elements=262_144,    # (provisional: not measured yet)
-                       kernel_generator_rows=512),       # (provisional: not measured yet)
+                       threefry_min_elements=0, kernel_generator_rows=2048),
 }
 
 
@@ -927,7 +928,11 @@ def threefry_decision(elements: int, mode, target: str | None) -> str | None:
     if mode is True:
         return None
     c = costs(target)
+    if c.threefry_min_elements <= 0:
+        return (f"not by default on {target} (the row's threefry_min_elements is 0: measured on "
+                f"a TPU v5e, a kernel drew Threefry's bits no faster than XLA's fusion of the "
+                f"same rounds; kernel=True opens it)")
     if elements < c.threefry_min_elements:
         return (f"{elements} elements, fewer than {c.threefry_min_elements} (the {target} row's "
-                f"threefry_min_elements, provisional until measured on the chip)")
+                f"threefry_min_elements)")
     return None

@@ -593,7 +593,7 @@ def _emit(region: _Region, ctx, mode):
         ins, outs = refs[:len(pieces)], refs[len(pieces):]
         vals = []
         for ref, piece, v in zip(ins, pieces, region.inputs):
-            x = ref[...] if piece else ref[0]
+            x = ref[...] if piece else ref[0, 0]
             vals.append(x != 0 if np.dtype(_dtype(v)) == np.bool_ else x)
         res = evaluate(region_cj.jaxpr, (), vals, tile)
         for ref, x, v in zip(outs, res, region.outputs):
@@ -604,7 +604,7 @@ def _emit(region: _Region, ctx, mode):
         ops = []
         for x, piece in zip(args, pieces):
             x = x.astype(io(x.dtype))
-            ops.append(x.reshape(total_rows, mosaic.LANES) if piece else x.reshape(1))
+            ops.append(x.reshape(total_rows, mosaic.LANES) if piece else x.reshape(1, 1))
         outs = C.pallas_tiles_call(
             body, ops, [not p for p in pieces],
             [((total_rows, mosaic.LANES), io(_dtype(v))) for v in region.outputs],
