@@ -202,7 +202,7 @@ class _Chain:
     first: tuple | None = None  # (stage, error) of the first failure: the one the warning gives
     dropped: list = dataclasses.field(default_factory=list)  # passes left out, in that order
     original: bool = False  # whether it came to the program as traced
-    told: tuple | None = None  # (dropped, original) as the last warning said them
+    told: tuple | None = None  # (dropped, original) as the warning said them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,11 +297,12 @@ def _lowering_failed(jaxpr, err: Exception, stage: str):
 
 
 def _tell(chain: _Chain) -> None:
-    """The warning for `chain`'s failures, once they are settled (a program ran in place of the
-    rewritten one); again only where a later failure left out more."""
+    """The one warning for `chain`'s failures, once they are settled (a program lowered, or
+    where compiling failed compiled, in place of the rewritten one). A later failure (a program
+    that lowered in place of one, then failed to compile) is in the report's errors only."""
     now = (tuple(chain.dropped), chain.original)
     with _TELL_LOCK:  # (two threads lowering the same program: one warning)
-        if chain.first is None or chain.told == now:
+        if chain.first is None or chain.told is not None:
             return
         chain.told = now
     stage, err = chain.first

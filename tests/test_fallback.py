@@ -3,6 +3,9 @@
 A deliberately broken test pass is appended to the pipeline (through `extra_passes`, or by
 patching `enabled_passes` for `optimize`). The original program runs, with exactly one warning
 naming the pass and the error; `strict=True` re-raises the pass's own exception.
+
+A pass whose program fails to lower or compile (`inject_lowering_failure`) is dropped: what
+the other passes made runs, with one warning naming the passes dropped (issue 44).
 """
 import contextlib
 import warnings
@@ -338,3 +341,18 @@ def test_a_pass_of_then_that_is_left_out_is_passed_over():
         res = _pipeline.rewrite(jax.make_jaxpr(rounds)(x), Options.make(reroll=True),
                                 without=frozenset({"flatten"}))
     assert "scan" in primitive_counts(cj) and "scan" in primitive_counts(res.jaxpr)
+
+
+def test_a_program_that_lowered_in_place_then_fails_to_compile_warns_no_more():
+    """literals' program cannot be lowered; without it, kernel's cannot be compiled: one
+    warning (the first failure's), both failures in the report."""
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel", "compiled"), \
+            inject_lowering_failure("literals", "lowered"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    assert "dropped pass 'literals'" in _one_warning(record, "lowered")
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    _the_others_program(_ran(traced))
+    report = jaxrewrite.last_report()
+    assert report.stats["fallback"] == {"dropped": ["literals", "kernel"], "original": False}
+    assert "could not be compiled either" in report.errors[1]
