@@ -913,7 +913,7 @@ def install_lowering_guard(on_failure: Callable) -> bool:
         def lower_guarded(jaxpr, args, kw) -> tuple:
             """(`jaxpr`'s lowering, or that of what `on_failure` gives in its place, in turn;
             the `settled` callables of the failures on the way)."""
-            first, tried, settled = jaxpr, [], []
+            tried, settled = [], []
             while True:
                 try:
                     computation = lower_as(jaxpr, args, kw)
