@@ -34,8 +34,9 @@ once) and the ratio to `jit`;
 KATs / numpy references for the others); launches in the compiled module (XLA's launching
 instructions outside fusions; a loop's body counted once); `pallas_calls` in the rewritten
 program, the kernel's tiles and grid (`kernel`), the kernel pass's declines, and `errors`: a
-rewritten program that failed to lower or compile (then the original program ran: the row
-measures jax.jit's program, not the kernel).
+rewritten program that failed to lower or compile (then the program made without the pass laid
+at it ran: the kernel's failure leaves the split form the passes before it made, and the row
+measures that, not the kernel).
 """
 from __future__ import annotations
 
@@ -236,7 +237,8 @@ def _kernel_facts(report) -> dict:
         kernel_declines=sorted({f"{e.pass_name}: {e.reason}" for e in report.declines
                                 if e.pass_name == "kernel" or "for a kernel" in e.reason}),
         rewrite_s=report.timings.get("rewrite"),
-        # (a kernel Mosaic refused: the guard ran the original program, and says so here)
+        # (a kernel Mosaic refused: the guard ran the program made without the kernel pass,
+        # and says so here)
         errors=list(report.errors))
 
 

@@ -161,66 +161,171 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
         logger.debug("optimize(%s): %s", getattr(fun, "__name__", fun), dict(result.report.counts))
         if result.compile_options:  # applied where this jit is called outermost: see _compat
             C.request_compile_options(wrapped, result.compile_options)
+        info = chain = None
         if result.changed:
-            C.request_lowering_fallback(wrapped, cj, _Fallback(fun, result.last_pass, options,
-                                                               result.report))
-        try:
-            outs = C.eval_jaxpr(result.jaxpr, *dyn_vals)
-        except Exception as err:  # noqa: BLE001 - contained: the program as traced runs
-            if options.strict or not result.changed:
-                raise
-            _warn_fallback(fun, result.last_pass, "could not be staged", err)
-            result.report.errors.append(f"staging: {type(err).__name__}: {err}")
-            outs = C.eval_jaxpr(cj, *dyn_vals)
+            chain = _Chain(fun, result.report)
+            info = _Fallback(chain, cj, options, shardings, result.last_pass)
+            C.request_lowering_fallback(wrapped, cj, info)
+        program = result.jaxpr
+        while True:
+            try:
+                outs = C.eval_jaxpr(program, *dyn_vals)
+                break
+            except Exception as err:  # noqa: BLE001 - contained: the next program is staged
+                if info is None:  # the program as traced: its error is the user's
+                    raise
+                program, info = _fell_back(info, err, "staged")
+                if info is None:
+                    program = cj
+                C.request_lowering_fallback(wrapped, cj, info)  # (None: nothing to fall back to)
+        if chain is not None:
+            _tell(chain)  # (where a program could not be staged)
         return jax.tree_util.tree_unflatten(out_tree[-1], outs)
 
     wrapped.__jaxrewrite_options__ = options
     return wrapped
 
 
+# Fallback by pass: a rewritten program that fails to be staged, lowered or compiled is made
+# again, from the program as traced, without the last pass that changed it; where that one
+# fails too, without the pass before it as well; after `_MAX_REWRITES` such programs (or where
+# no pass is left to drop), the program as traced runs. A failing pass costs its own gain only.
+_MAX_REWRITES = 3
+_TELL_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class _Chain:
+    """One rewrite's failures, shared by every program tried in its place: told in one warning."""
+    fun: Callable
+    report: object  # the rewrite's Report: each failure is recorded there too (explain shows it)
+    first: tuple | None = None  # (stage, error) of the first failure: the one the warning gives
+    dropped: list = dataclasses.field(default_factory=list)  # passes left out, in that order
+    original: bool = False  # whether it came to the program as traced
+    told: tuple | None = None  # (dropped, original) as the warning said them
+
+
 @dataclasses.dataclass(frozen=True)
 class _Fallback:
-    """What the lowering guard says of a rewritten program that fails to lower or compile."""
-    fun: Callable
-    last_pass: str | None
+    """What the lowering guard knows of a program a rewrite made: how to make the next one."""
+    chain: _Chain
+    original: C.ClosedJaxpr  # the program as traced: what the pipeline runs on again
     options: Options
-    report: object  # the rewrite's Report: the failure is recorded there too (explain shows it)
+    shardings: tuple
+    last_pass: str | None  # the last pass that changed this program: the next to leave out
+    without: frozenset = frozenset()  # the passes this program was made without
+
+
+def _fell_back(info: _Fallback, err: Exception, stage: str):
+    """(the next program to try where `info`'s could not be `stage`, its `_Fallback`), or
+    (None, None): the program as traced. The failure goes to the report; re-raises `err`
+    under `strict=True`."""
+    if info.options.strict:
+        raise err
+    chain = info.chain
+    if chain.first is None:
+        chain.first = (stage, err)
+    program = None
+    if info.last_pass is not None and len(info.without) < _MAX_REWRITES:
+        without = info.without | {info.last_pass}
+        program = _rewrite_without(info, without)
+    what = (f"the rewritten program could not be {stage}" if not info.without else
+            f"the program made without {_quoted(p for p in chain.dropped if p in info.without)} "
+            f"could not be {stage} either") + f" ({type(err).__name__}: {err})"
+    if program is None:
+        chain.original = True
+        chain.report.errors.append(f"{what}; the original program ran")
+    else:
+        if info.last_pass not in chain.dropped:  # (two threads lowering the same program)
+            chain.dropped.append(info.last_pass)
+        chain.report.errors.append(f"{what}; dropped pass '{info.last_pass}', the program "
+                                   f"the other passes made ran")
+    chain.report.stats["fallback"] = {"dropped": list(chain.dropped), "original": chain.original}
+    if program is None:
+        return None, None
+    return program.jaxpr, dataclasses.replace(info, last_pass=program.last_pass,
+                                              without=without)
+
+
+def _rewrite_without(info: _Fallback, without: frozenset):
+    """The pipeline run again on the program as traced without the passes `without`; None where
+    that changes nothing (or fails: then the original is what is left)."""
+    # the switch off: at lowering time no trace is under way, and the pipeline's own jits
+    # (constant evaluation, autotuning) would be outermost
+    previous = C.switch_swap_local(None)
+    try:
+        result = _pipeline.rewrite(info.original, dataclasses.replace(info.options, strict=True),
+                                   shardings=info.shardings, without=without)
+    except Exception as err:  # noqa: BLE001 - a pass failing here: the original program runs
+        logger.debug("fallback: the rewrite without %s failed: %r", sorted(without), err)
+        return None
+    finally:
+        C.switch_set_local(previous)
+    return result if result.changed else None
 
 
 def _lowering_failed(jaxpr, err: Exception, stage: str):
-    """`_compat`'s lowering guard: the program to lower in place of `jaxpr`, which could not
-    be `stage` ("lowered" or "compiled": `err` says why). Where `jaxpr` is, or holds, a
-    rewritten program: the program as traced before the rewrite, with one warning. Re-raises
-    `err` where there is none, or `strict=True` was asked for."""
+    """`_compat`'s lowering guard: (the program to lower in place of `jaxpr`, which could not be
+    `stage` ("lowered" or "compiled": `err` says why), the callable to call once that one has).
+    Where `jaxpr` is, or holds, a program a rewrite made: the next program of its chain
+    (`_fell_back`), each registered to fall back in its turn. Re-raises `err` where there is
+    none, or `strict=True` was asked for."""
     hit = C.lowering_fallback(jaxpr)
-    if hit is None:  # a rewritten program inside another jit's: each replaced where it sits
-        found = []
+    if hit is not None:
+        original, info = hit
+        program, after = _fell_back(info, err, stage)
+        if after is None:
+            return original, functools.partial(_tell, info.chain)
+        return (C.keep_lowering_candidate(jaxpr, program, after),
+                functools.partial(_tell, info.chain))
+    # a rewritten program inside another jit's: each replaced where it sits
+    chains = []
 
-        def swap(c):
-            h = C.lowering_fallback(c)
-            if h is None:
-                return c
-            found.append(h[1])
-            return h[0]
+    def swap(c):
+        h = C.lowering_fallback(c)
+        if h is None:
+            return c
+        original, info = h
+        program, after = _fell_back(info, err, stage)
+        chains.append(info.chain)
+        return original if after is None else C.keep_lowering_candidate(c, program, after)
 
-        instead = _walk.map_jaxprs(jaxpr, swap)
-        if not found:
-            raise err
-        hit = (instead, found[0])
-    instead, info = hit
-    if info.options.strict:
+    instead = _walk.map_jaxprs(jaxpr, swap)
+    if not chains:
         raise err
-    _warn_fallback(info.fun, info.last_pass, f"could not be {stage}", err)
-    info.report.errors.append(f"the rewritten program could not be {stage} "
-                              f"({type(err).__name__}: {err}); the original program ran")
-    return instead
+    return instead, lambda: [_tell(c) for c in chains]
 
 
-def _warn_fallback(fun, last_pass, what: str, err: Exception) -> None:
+def _tell(chain: _Chain) -> None:
+    """The one warning for `chain`'s failures, once they are settled (a program lowered, or
+    where compiling failed compiled, in place of the rewritten one). A later failure (a program
+    that lowered in place of one, then failed to compile) is in the report's errors only."""
+    now = (tuple(chain.dropped), chain.original)
+    with _TELL_LOCK:  # (two threads lowering the same program: one warning)
+        if chain.first is None or chain.told is not None:
+            return
+        chain.told = now
+    stage, err = chain.first
+    dropped = _quoted(chain.dropped)
+    s = "es" if len(chain.dropped) > 1 else ""
+    if not chain.original:
+        then = f"dropped pass{s} {dropped}, running the program the other passes made"
+    elif chain.dropped:
+        then = f"dropped pass{s} {dropped}, still failing; running the original program"
+    else:
+        last = chain.report.stats.get("changed_by") or [None]
+        then = f"the last pass to change it: '{last[-1]}'; running the original program"
+    _warn_fallback(chain.fun, f"could not be {stage}", err, then)
+
+
+def _quoted(names) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+def _warn_fallback(fun, what: str, err: Exception, then: str) -> None:
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
     warnings.warn(f"jaxrewrite: the rewritten program of {name} {what} ({type(err).__name__}: "
-                  f"{err}); the last pass to change it: '{last_pass}'; running the original "
-                  f"program", RuntimeWarning, stacklevel=C.user_stacklevel())
+                  f"{err}); {then}", RuntimeWarning, stacklevel=C.user_stacklevel())
 
 
 _LAST = threading.local()
@@ -245,7 +350,12 @@ def rewrite_jaxpr_with_report(closed_jaxpr: C.ClosedJaxpr, **options) -> _pipeli
 
 
 def make_jaxpr(fun: Callable, static_argnums=(), **options):
-    """`jax.make_jaxpr(fun, static_argnums)` followed by `rewrite_jaxpr(..., **options)`."""
+    """`jax.make_jaxpr(fun, static_argnums)` followed by `rewrite_jaxpr(..., **options)`.
+
+    Nothing here is lowered, so the fallback by pass of `optimize` (a rewritten program that
+    fails to lower or compile is made again without the pass laid at it) never comes into
+    play: the jaxpr returned is every pass's, and a pass whose output JAX cannot lower shows
+    only when that jaxpr is lowered."""
     opts = Options.make(**options)
     if not callable(fun):
         raise TypeError(f"make_jaxpr() expects a callable, got {type(fun).__name__}")

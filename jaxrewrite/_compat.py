@@ -815,7 +815,7 @@ def request_compile_options(fun, options: dict) -> bool:
     return True
 
 
-# --- a rewritten program that fails to lower or compile runs as traced ----------------------
+# --- a rewritten program that fails to lower or compile: the next program in its place ---------
 #
 # The rewrite runs inside jax.jit's trace; what JAX lowers later is the jit's own jaxpr, made
 # from the rewritten program. The rewrite registers the program it started from on the jit being
@@ -824,8 +824,11 @@ def request_compile_options(fun, options: dict) -> bool:
 # `.lower()` of a jit reaches `pjit._resolve_and_lower(args, jaxpr, ...)` (read from JAX 0.10.2:
 # `_pjit_call_impl_python`, `stages.Traced.lower`); its wrapper (`install_lowering_guard`) asks
 # `on_failure(jaxpr, err, stage)` for the program to lower instead where lowering raises, or
-# where compiling a registered program does (`stage` says which), and lowers that. A jaxpr that
-# failed once is lowered as its replacement straight away after.
+# where compiling a registered program does (`stage` says which), and lowers that. The program
+# given may be registered in its turn (`keep_lowering_candidate`: the rewrite again without the
+# pass laid at the failure), so one that fails leads to the next; none is tried twice in one
+# lowering, and the chain ends at a program that is not registered (the original). A jaxpr that
+# failed once is lowered as its replacement (the last in its chain) straight away after.
 
 _FALLBACK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> (original, info)
 _INSTEAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # failed jaxpr -> replacement
@@ -833,12 +836,13 @@ _INSTEAD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # failed j
 
 def request_lowering_fallback(fun, original: ClosedJaxpr, info) -> bool:
     """Where the jit being traced for `fun` (as `request_compile_options` finds it) later fails
-    to lower or compile, lower `original` (the program as traced, before the rewrite) instead;
-    `info` goes to `on_failure`. True if that jit was found."""
+    to lower or compile, `on_failure` is asked for the program to lower instead; `original`
+    (the program as traced, before the rewrite) and `info` go to it; `info=None` takes an
+    earlier request back. True if that jit was found."""
     frame = _tracing_frame(fun)
     if frame is None:
         return False
-    frame[2] = (original, info)
+    frame[2] = None if info is None else (original, info)
     return True
 
 
@@ -847,22 +851,52 @@ def _keep_lowering_fallback(jaxpr: ClosedJaxpr, original: ClosedJaxpr, info) -> 
     # where it does not (closed-over tracers became inputs), nothing is kept.
     if signature_difference(original, jaxpr) is not None:
         return
-    _FALLBACK[jaxpr] = (closed(original.jaxpr.replace(debug_info=jaxpr.jaxpr.debug_info),
-                               original.consts), info)
+    _FALLBACK[jaxpr] = (_standing_in(original, jaxpr), info)
+
+
+def _standing_in(program: ClosedJaxpr, jaxpr: ClosedJaxpr) -> ClosedJaxpr:
+    """`program` with `jaxpr`'s debug info (argument and result names), to lower in its place."""
+    return closed(program.jaxpr.replace(debug_info=jaxpr.jaxpr.debug_info), program.consts)
+
+
+def keep_lowering_candidate(failed: ClosedJaxpr, program: ClosedJaxpr, info) -> ClosedJaxpr:
+    """`program` (a rewrite of the program `failed` was made from, taking and giving the same
+    values) made ready to be lowered in place of `failed`, and registered with `info` as
+    `failed` was: where it fails in turn, `on_failure` is asked for the next."""
+    original, _ = _FALLBACK[failed]
+    candidate = _standing_in(program, failed)
+    _FALLBACK[candidate] = (original, info)
+    return candidate
 
 
 def lowering_fallback(jaxpr) -> tuple | None:
-    """(the program to lower in place of `jaxpr`, info) where `jaxpr` is a jit's traced
-    program that a rewrite made; else None."""
+    """(the original program, to lower in place of `jaxpr`, info) where `jaxpr` is a jit's
+    traced program that a rewrite made (or a candidate for one); else None."""
     try:
         return _FALLBACK.get(jaxpr)
     except TypeError:  # not weakly referenceable: not one of ours
         return None
 
 
+def lowered_instead(jaxpr) -> ClosedJaxpr | None:
+    """The program lowered in place of `jaxpr` (the last of its chain) where `jaxpr` failed to
+    lower or compile; else None."""
+    seen = set()
+    try:
+        while jaxpr in _INSTEAD and id(jaxpr) not in seen:
+            seen.add(id(jaxpr))
+            jaxpr = _INSTEAD[jaxpr]
+    except TypeError:  # not weakly referenceable: not one of ours
+        return None
+    return jaxpr if seen else None
+
+
 def install_lowering_guard(on_failure: Callable) -> bool:
     """Wrap `pjit._resolve_and_lower` (once); False where this JAX has none (< 0.9).
-    `on_failure(jaxpr, err, stage)` returns the jaxpr to lower instead, or raises."""
+
+    `on_failure(jaxpr, err, stage)` returns `(instead, settled)`: the jaxpr to lower in place of
+    `jaxpr`, and a callable (or None) called once what replaced it has lowered (stage
+    "lowered") or compiled ("compiled"); or raises."""
     from jax._src import pjit as _pjit
     with _INSTALL:
         lower = getattr(_pjit, "_resolve_and_lower", None)
@@ -876,22 +910,37 @@ def install_lowering_guard(on_failure: Callable) -> bool:
                 return lower(*args, **{**kw, "jaxpr": jaxpr})
             return lower(args[0], jaxpr, *args[2:], **kw)
 
+        def lower_guarded(jaxpr, args, kw) -> tuple:
+            """(`jaxpr`'s lowering, or that of what `on_failure` gives in its place, in turn;
+            the `settled` callables of the failures on the way)."""
+            tried, settled = [], []
+            while True:
+                try:
+                    computation = lower_as(jaxpr, args, kw)
+                    break
+                except Exception as err:  # noqa: BLE001 - on_failure re-raises what it cannot mend
+                    if any(jaxpr is t for t in tried):  # never twice: the chain cannot loop
+                        raise
+                    tried.append(jaxpr)
+                    instead, done = on_failure(jaxpr, err, "lowered")
+                    settled.append(done)
+                    jaxpr = instead
+            for t in tried:  # each failed program, and the one asked for, lowered as the last
+                _INSTEAD[t] = jaxpr
+            if jaxpr in _FALLBACK:
+                _guard_compile(computation, jaxpr, lambda j: lower_guarded(j, args, kw),
+                               on_failure)
+            return computation, [s for s in settled if s is not None]
+
         def _resolve_and_lower(*args, **kw):
-            if not _FALLBACK:  # no rewritten program lives: JAX's own path
+            if not _FALLBACK and not _INSTEAD:  # no rewritten program lives: JAX's own path
                 return lower(*args, **kw)
             jaxpr = kw["jaxpr"] if "jaxpr" in kw else args[1]
-            instead = _INSTEAD.get(jaxpr)
-            if instead is not None:
-                return lower_as(instead, args, kw)
-            try:
-                computation = lower(*args, **kw)
-            except Exception as err:  # noqa: BLE001 - on_failure re-raises what it cannot mend
-                instead = on_failure(jaxpr, err, "lowered")
-                computation = lower_as(instead, args, kw)
-                _INSTEAD[jaxpr] = instead
-                return computation
-            if jaxpr in _FALLBACK:
-                _guard_compile(computation, jaxpr, lambda j: lower_as(j, args, kw), on_failure)
+            # one that failed before: the program that replaced it, straight away
+            jaxpr = lowered_instead(jaxpr) or jaxpr
+            computation, settled = lower_guarded(jaxpr, args, kw)
+            for done in settled:
+                done()
             return computation
 
         _resolve_and_lower.__wrapped__ = lower
@@ -901,8 +950,9 @@ def install_lowering_guard(on_failure: Callable) -> bool:
 
 
 def _guard_compile(computation, jaxpr, lower_instead: Callable, on_failure: Callable) -> None:
-    """Have `computation.compile` (a rewritten program's) compile the fallback where XLA
-    rejects the rewritten one. The lowering is cached by JAX and shared: patched once."""
+    """Have `computation.compile` (a rewritten program's) compile what `on_failure` gives where
+    XLA rejects the rewritten one (that program's compile guarded in its turn, where it is
+    registered). The lowering is cached by JAX and shared: patched once."""
     compile_ = getattr(computation, "compile", None)
     if compile_ is None or getattr(compile_, "__jaxrewrite_hook__", False):
         return
@@ -911,15 +961,55 @@ def _guard_compile(computation, jaxpr, lower_instead: Callable, on_failure: Call
         try:
             return compile_(*a, **k)
         except Exception as err:  # noqa: BLE001 - on_failure re-raises what it cannot mend
-            instead = on_failure(jaxpr, err, "compiled")
+            instead, done = on_failure(jaxpr, err, "compiled")
             _INSTEAD[jaxpr] = instead
-            return lower_instead(instead).compile(*a, **k)
+            computation_, settled = lower_instead(instead)
+            compiled = computation_.compile(*a, **k)  # guarded in its turn, where registered
+            _INSTEAD[jaxpr] = lowered_instead(instead) or instead
+            for s in [*settled, done]:  # told once it compiled
+                if s is not None:
+                    s()
+            return compiled
 
     compile_or_fallback.__jaxrewrite_hook__ = True
     try:
         computation.compile = compile_or_fallback
     except AttributeError:  # pragma: no cover - another JAX's lowering object: unguarded
         pass
+
+
+# --- primitives that fail where JAX lowers or XLA compiles (`testing.inject_lowering_failure`) ----
+
+_FAILING: dict = {}
+
+
+def failing_identity(stage: str) -> Primitive:
+    """The identity on one array, as a primitive that JAX cannot lower (`stage="lowered"`: its
+    rule raises NotImplementedError, as Pallas's TPU lowering does for a primitive it lacks) or
+    that XLA cannot compile (`"compiled"`: a custom call to a target no one registered, which
+    lowers). Evaluated, and abstractly evaluated, as the identity. One primitive per stage."""
+    if stage not in ("lowered", "compiled"):
+        raise ValueError(f"failing_identity: stage {stage!r} is not 'lowered' or 'compiled'")
+    with _INSTALL:
+        prim = _FAILING.get(stage)
+        if prim is not None:
+            return prim
+        from jax._src.interpreters import mlir
+        prim = Primitive(f"jaxrewrite_fails_to_be_{stage}")
+        prim.def_impl(lambda x: x)
+        prim.def_abstract_eval(lambda aval: aval)
+        if stage == "lowered":
+            def rule(ctx, x):
+                raise NotImplementedError(f"{prim.name} has no lowering (injected)")
+        else:
+            def rule(ctx, x):
+                aval, = ctx.avals_out
+                return mlir.custom_call(
+                    "jaxrewrite_no_such_target", operands=[x], backend_config={}, api_version=4,
+                    result_types=[mlir.aval_to_ir_type(ctx.module_context, aval)]).results
+        mlir.register_lowering(prim, rule)
+        _FAILING[stage] = prim
+        return prim
 
 
 def _with_compile_options(params, wanted: dict):

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 
 from . import _api
+from . import _compat as C
 from . import _pipeline
 from . import _switch
 from . import _walk
@@ -68,7 +69,8 @@ class Explanation:
     errors: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     report: Report | None = dataclasses.field(default=None, repr=False)
-    jaxpr: Any = dataclasses.field(default=None, repr=False)      # the rewritten ClosedJaxpr
+    # the rewritten ClosedJaxpr (where it failed to lower or compile: what ran in its place)
+    jaxpr: Any = dataclasses.field(default=None, repr=False)
     compiled: Any = dataclasses.field(default=None, repr=False)   # optimize's jax.stages.Compiled
 
     def to_dict(self) -> dict:
@@ -136,7 +138,8 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
             b3 = time.perf_counter()
             btimings = dict(trace=b1 - b0, lower=b2 - b1, compile=b3 - b2, total=b3 - b0)
 
-        after_j, before_j = traced.jaxpr, btraced.jaxpr
+        # where the rewritten program failed to lower or compile: the program that ran instead
+        after_j, before_j = C.lowered_instead(traced.jaxpr) or traced.jaxpr, btraced.jaxpr
         target = _gpu_target(gpu_target, notes)
         kernels = (None, None)
         if target:
@@ -146,7 +149,12 @@ def explain(fun: Callable, /, *, baseline: bool = True, gpu_target: str | None =
             gpu_opt = jax.jit(_api._rewriting(fun, gpu_opts, jit_kw), **jit_kw)
             kernels = (_gpu_kernels(gpu_opt, args, call_kwargs, target, notes),
                        _gpu_kernels(base, args, call_kwargs, target, notes) if baseline else None)
-        if report.errors:
+        fallback = report.stats.get("fallback")
+        if fallback and not fallback["original"]:
+            dropped = ", ".join(f"'{p}'" for p in fallback["dropped"])
+            notes.append(f"the rewritten program failed to lower or compile; the program made "
+                         f"without {dropped} was used (see errors)")
+        elif report.errors:
             notes.append("a pass failed; the original program was used (see errors)")
         asked = report.stats.get("compile_options", {})
         given = jit_kw.get("compiler_options") or {}

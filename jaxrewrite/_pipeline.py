@@ -48,7 +48,9 @@ output shapes, dtypes, weak types and shardings; its bindings; its new loops' ty
 `check="types"`, or `debug_checks`, every new equation's typing), `rewrite` returns the
 original program and one warning naming the pass;
 with `strict=True` the error propagates. What the check cannot see (a program that fails to
-lower) is caught where JAX lowers it (`_api`'s lowering fallback).
+lower) is caught where JAX lowers it (`_api`'s lowering fallback): the pipeline runs again
+without the last pass that changed that program (`rewrite(..., without=...)`), then without the
+one before it too, and at last the original program is lowered.
 """
 from __future__ import annotations
 
@@ -204,14 +206,21 @@ def enabled_passes(options: Options, extra: tuple = ()) -> list[tuple[PassSpec, 
 
 
 def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = (),
-            shardings=(), check: str = "signature") -> RewriteResult:
+            shardings=(), check: str = "signature", without: frozenset = frozenset()
+            ) -> RewriteResult:
     """Run the pipeline on `cj`. `extra_passes` ((PassSpec, fn) pairs) are appended (tests);
     `shardings`: what `jax.jit` is given (in/out shardings, any pytree of them); `check`: the
     final check of a changed program (`_final_check`), `"signature"` (its inputs and outputs,
     bindings, new loops' typing) or `"types"` (every new equation's typing: 10-45% of the
     rewrite's time on the bench programs, so only where nothing lowers the result after:
-    `make_jaxpr`, `rewrite_jaxpr`)."""
+    `make_jaxpr`, `rewrite_jaxpr`); `without`: names of passes left out, enabled or not
+    (`_api`'s fallback by pass: a program that fails to lower is made again without the pass
+    laid at it; the report's `stats["without"]` says which)."""
     report = Report()
+    passes = enabled_passes(options, extra_passes)
+    if without:
+        report.stats["without"] = sorted(without)
+        passes = [(s, fn) for s, fn in passes if s.name not in without]
     ctx = Context(options, report, devices=program_devices(cj, shardings))
     t0 = time.perf_counter()
     # The passes allocate many small, short-lived objects while the whole program stays live:
@@ -220,7 +229,7 @@ def rewrite(cj: C.ClosedJaxpr, options: Options, *, extra_passes: tuple = (),
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        out, changed = _run(cj, ctx, enabled_passes(options, extra_passes))
+        out, changed = _run(cj, ctx, passes)
         if changed:
             t1 = time.perf_counter()
             _final_check(cj, out, report, "types" if options.debug_checks else check)
@@ -304,8 +313,8 @@ def _then(cj, spec, loop, step, report, changers):
         return cj
     seen = collections.Counter(report.declines)
     start = len(report.declines)
-    for name in spec.then:
-        (s, fn), = [(s, fn) for s, fn in loop if s.name == name]
+    for s, fn in [(s, fn) for name in spec.then for s, fn in loop if s.name == name]:
+        # (a pass of `then` that is not enabled, or left out, is passed over)
         cj, changed = step(cj, s, fn)
         if not changed:
             break

@@ -18,7 +18,8 @@ jaxrewrite's internal ones (the switch is off while it rewrites), JAX's own jits
 (`jnp.sin(x)`, one primitive each), and functions opted out with `jaxrewrite.skip`.
 
 A rewrite that fails runs the program JAX traces, with one warning per function (`strict=True`
-raises instead); an error of the traced function itself is raised as JAX raises it.
+raises instead); one whose program fails to lower or compile runs without the pass laid at it,
+as under `optimize`; an error of the traced function itself is raised as JAX raises it.
 """
 from __future__ import annotations
 

@@ -268,6 +268,58 @@ def inject_fault(pass_name: str, kind: str):
         _pipeline._load = real
 
 
+@contextlib.contextmanager
+def inject_lowering_failure(pass_name: str, stage: str = "lowered"):
+    """`with inject_lowering_failure("kernel"):` every program rewritten in this block has the
+    pass `pass_name` pass its first output through a primitive that JAX cannot lower
+    (`stage="compiled"`: that XLA cannot compile; `_compat.failing_identity`), and say it
+    changed the program, as a pass that emits what the backend lacks would (a Pallas kernel
+    that Mosaic cannot lower):
+
+        { lambda ; a. let b = sin a in (b) }
+        -> { lambda ; a. let b = sin a; c = jaxrewrite_fails_to_be_lowered b in (c) }
+
+    Once a rewrite, the first time the pass runs; looked up, and undone, as `inject_fault` is.
+    Blocks nest: `with inject_lowering_failure("kernel"), inject_lowering_failure("literals"):`
+    breaks both.
+    The program must return `jax.jit`'s result with one warning, and run what the other passes
+    made (`tests/test_faults.py`, `tests/test_fallback.py`)."""
+    prim = C.failing_identity(stage)
+    real = _pipeline._load
+
+    def load(spec):
+        fn = real(spec)
+        if spec.name != pass_name:
+            return fn
+
+        def failing(cj, ctx):
+            out, changed = fn(cj, ctx)
+            if ctx.cache.get(("lowering_failure", pass_name)):
+                return out, changed
+            ctx.cache[("lowering_failure", pass_name)] = True
+            return _pass_through(out, prim), True
+        return failing
+
+    _pipeline._load = load
+    try:
+        yield
+    finally:
+        _pipeline._load = real
+
+
+def _pass_through(cj, prim):
+    """`cj` with its first array output passed through `prim` (an identity)."""
+    j = cj.jaxpr
+    k = next((k for k, a in enumerate(j.outvars) if isinstance(C.aval_of(a), C.ShapedArray)), None)
+    if k is None:
+        return cj
+    out = C.new_var(C.aval_of(j.outvars[k]))
+    eqn = C.new_eqn([j.outvars[k]], [out], prim, {})
+    outvars = list(j.outvars)
+    outvars[k] = out
+    return C.closed(j.replace(eqns=[*j.eqns, eqn], outvars=outvars), cj.consts)
+
+
 def _damage(cj, kind: str):
     j = cj.jaxpr
     eqns, outvars = list(j.eqns), list(j.outvars)

@@ -3,7 +3,11 @@
 A deliberately broken test pass is appended to the pipeline (through `extra_passes`, or by
 patching `enabled_passes` for `optimize`). The original program runs, with exactly one warning
 naming the pass and the error; `strict=True` re-raises the pass's own exception.
+
+A pass whose program fails to lower or compile (`inject_lowering_failure`) is dropped: what
+the other passes made runs, with one warning naming the passes dropped (issue 44).
 """
+import contextlib
 import warnings
 
 import jax
@@ -13,7 +17,8 @@ import pytest
 import jaxrewrite
 from jaxrewrite import _pipeline
 from jaxrewrite._options import Options
-from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
+from jaxrewrite.testing import (assert_bitwise_equal, inject_lowering_failure,
+                                primitive_counts)
 
 
 class Boom(ValueError):
@@ -127,3 +132,227 @@ def test_a_pass_returning_an_ill_typed_jaxpr_is_caught_under_debug_checks():
         res = _pipeline.rewrite(cj, Options.make(debug_checks=True),
                                 extra_passes=((BROKEN, ill_typed),))
     assert res.fell_back and res.jaxpr is cj
+
+
+# --- a program that fails to lower or compile: the pass laid at it is dropped (issue 44) ---------
+#
+# `inject_lowering_failure(pass, stage)` has a pass of the pipeline pass its first output through
+# a primitive that JAX cannot lower (or XLA compile). The gathers pass makes `take`'s static
+# indices a reverse: where a later pass fails, the program that runs still has no gather.
+
+def h(x):
+    return jnp.take(x, jnp.array([3, 2, 1, 0, 7, 6, 5, 4]), axis=0) * 2 + 1
+
+
+X = jnp.arange(8.0)
+ENDS = ("running the program the other passes made", "running the original program")
+
+
+def _fresh():
+    return lambda v: h(v)
+
+
+def _one_warning(record, stage="lowered"):
+    said = _jaxrewrite_warnings(record)
+    assert len(said) == 1, [str(w.message) for w in said]
+    text = str(said[0].message)
+    assert f"could not be {stage} (" in text, text
+    return text
+
+
+def _ran(traced):
+    """What was lowered in place of the jit's traced program (None: the program itself)."""
+    from jaxrewrite import _compat as C
+    return C.lowered_instead(traced.jaxpr)
+
+
+def _the_others_program(ran):
+    counts = primitive_counts(ran)
+    assert "gather" not in counts and "rev" in counts, counts  # the gathers pass's form
+    assert not any(p.startswith("jaxrewrite_fails") for p in counts), counts
+
+
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+def test_a_failing_last_pass_is_dropped_and_the_others_kept(stage):
+    assert "gather" in primitive_counts(jax.make_jaxpr(h)(X))
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel", stage):
+        g = jaxrewrite.optimize(_fresh())
+        traced = g.trace(X)
+        out = g(X)
+        out2 = g(X)
+    text = _one_warning(record, stage)
+    assert text.endswith("); dropped pass 'kernel', running the program the other passes made")
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    assert_bitwise_equal(out2, jax.jit(h)(X))
+    _the_others_program(_ran(traced))
+    report = jaxrewrite.last_report()
+    assert report.stats["fallback"] == {"dropped": ["kernel"], "original": False}
+    assert len(report.errors) == 1 and "dropped pass 'kernel'" in report.errors[0]
+
+
+def test_the_program_lowered_in_place_is_the_pipelines_without_that_pass():
+    cj = jax.make_jaxpr(h)(X)
+    with pytest.warns(RuntimeWarning), inject_lowering_failure("kernel"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        traced.lower()
+    without = _pipeline.rewrite(cj, Options.make(), without=frozenset({"kernel"}))
+    assert without.report.stats["without"] == ["kernel"]
+    assert primitive_counts(_ran(traced)) == primitive_counts(without.jaxpr)
+
+
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+def test_two_failing_passes_fall_back_twice(stage):
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel", stage), \
+            inject_lowering_failure("literals", stage):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    text = _one_warning(record, stage)
+    assert text.endswith("dropped passes 'literals', 'kernel', running the program the other "
+                         "passes made"), text
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    _the_others_program(_ran(traced))
+    report = jaxrewrite.last_report()
+    assert len(report.errors) == 2 and "without 'literals' could not be" in report.errors[1]
+
+
+def test_when_every_program_without_a_pass_fails_the_original_runs():
+    """The failure is gathers': without literals it fails too; without gathers nothing else
+    changes the program, so the original runs."""
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("gathers"), \
+            inject_lowering_failure("literals"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    text = _one_warning(record)
+    assert text.endswith("dropped pass 'literals', still failing; running the original program")
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    assert primitive_counts(_ran(traced)) == primitive_counts(jax.make_jaxpr(h)(X))
+    assert jaxrewrite.last_report().stats["fallback"] == {"dropped": ["literals"],
+                                                          "original": True}
+
+
+def test_at_most_three_programs_are_made_again_then_the_original():
+    with contextlib.ExitStack() as stack:
+        record = stack.enter_context(pytest.warns(RuntimeWarning))
+        for name in ("gathers", "tile", "kernel", "literals"):
+            stack.enter_context(inject_lowering_failure(name))
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    text = _one_warning(record)
+    assert text.endswith("dropped passes 'literals', 'kernel', 'tile', still failing; running "
+                         "the original program"), text
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    assert primitive_counts(_ran(traced)) == primitive_counts(jax.make_jaxpr(h)(X))
+    assert len(jaxrewrite.last_report().errors) == 4
+
+
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+def test_strict_raises_the_first_error(stage):
+    error = NotImplementedError if stage == "lowered" else jax.errors.JaxRuntimeError
+    with warnings.catch_warnings(), inject_lowering_failure("kernel", stage):
+        warnings.simplefilter("error")
+        with pytest.raises(error, match="jaxrewrite_fails_to_be_lowered|jaxrewrite_no_such"):
+            jaxrewrite.optimize(_fresh(), strict=True)(X)
+
+
+def test_aot_lower_alone_warns_once_and_lowers_the_others_program():
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        lowered = traced.lower()
+    _one_warning(record)
+    _the_others_program(_ran(traced))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # lowered once: no second warning, no second fallback
+        assert_bitwise_equal(lowered.compile()(X), jax.jit(h)(X))
+        traced.lower()
+
+
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+def test_the_switch_drops_the_pass_too(stage):
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel", stage), \
+            jaxrewrite.enabled():
+        f_ = jax.jit(_fresh())
+        traced = f_.trace(X)
+        out = f_(X)
+    assert "dropped pass 'kernel'" in _one_warning(record, stage)
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    _the_others_program(_ran(traced))
+
+
+def test_explain_shows_the_dropped_pass():
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel"):
+        e = jaxrewrite.explain(_fresh(), gpu_target=None)(X)
+    _one_warning(record)
+    assert any("dropped pass 'kernel'" in err for err in e.errors)
+    assert any("without 'kernel'" in n for n in e.notes), e.notes
+    _the_others_program(e.jaxpr)  # the program that ran
+    assert "dropped pass 'kernel'" in str(e)
+
+
+def test_a_rewritten_program_inside_another_jit_drops_the_pass_where_it_sits():
+    inner = jaxrewrite.optimize(_fresh())
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel"):
+        outer = jax.jit(lambda v: inner(v) * 3)
+        traced = outer.trace(X)
+        out = outer(X)
+    assert "dropped pass 'kernel'" in _one_warning(record)
+    assert_bitwise_equal(out, jax.jit(lambda v: h(v) * 3)(X))
+    _the_others_program(_ran(traced))
+
+
+def test_a_program_that_cannot_be_staged_drops_the_pass_too(monkeypatch):
+    from jaxrewrite import _compat as C
+    real = C.eval_jaxpr
+    failing = C.failing_identity("lowered")
+
+    def eval_jaxpr(cj, *args):
+        if failing.name in primitive_counts(cj):
+            raise TypeError("injected: cannot be staged")
+        return real(cj, *args)
+
+    monkeypatch.setattr(C, "eval_jaxpr", eval_jaxpr)
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    text = _one_warning(record, "staged")
+    assert text.endswith("dropped pass 'kernel', running the program the other passes made")
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    assert _ran(traced) is None  # staged without it: nothing failed to lower
+    _the_others_program(traced.jaxpr)
+
+
+def test_rewrite_without_leaves_the_passes_out():
+    cj = jax.make_jaxpr(h)(X)
+    res = _pipeline.rewrite(cj, Options.make(), without=frozenset({"gathers"}))
+    assert "gather" in primitive_counts(res.jaxpr) and "gathers" not in res.report.stats[
+        "changed_by"]
+    assert res.report.stats["without"] == ["gathers"]
+
+
+def test_a_pass_of_then_that_is_left_out_is_passed_over():
+    """reroll's `then` (flatten, scalarize) with flatten off: reroll's change is kept."""
+    def rounds(x):
+        for _ in range(4):
+            x = jax.jit(lambda y: jnp.sin(y) * 2)(x)
+        return x
+    x = jnp.arange(3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cj = jaxrewrite.make_jaxpr(rounds, reroll=True, flatten=False)(x)
+        res = _pipeline.rewrite(jax.make_jaxpr(rounds)(x), Options.make(reroll=True),
+                                without=frozenset({"flatten"}))
+    assert "scan" in primitive_counts(cj) and "scan" in primitive_counts(res.jaxpr)
+
+
+def test_a_program_that_lowered_in_place_then_fails_to_compile_warns_no_more():
+    """literals' program cannot be lowered; without it, kernel's cannot be compiled: one
+    warning (the first failure's), both failures in the report."""
+    with pytest.warns(RuntimeWarning) as record, inject_lowering_failure("kernel", "compiled"), \
+            inject_lowering_failure("literals", "lowered"):
+        traced = jaxrewrite.optimize(_fresh()).trace(X)
+        out = traced.lower().compile()(X)
+    assert "dropped pass 'literals'" in _one_warning(record, "lowered")
+    assert_bitwise_equal(out, jax.jit(h)(X))
+    _the_others_program(_ran(traced))
+    report = jaxrewrite.last_report()
+    assert report.stats["fallback"] == {"dropped": ["literals", "kernel"], "original": False}
+    assert "could not be compiled either" in report.errors[1]

@@ -4,7 +4,9 @@ Every pass is broken in turn (`jaxrewrite.testing.inject_fault`: a wrong shape, 
 dropped or duplicated variable, an invalid parameter, an exception), and the program must still
 return `jax.jit`'s result bit for bit, with one warning, under `optimize` and under the switch.
 What catches each fault: the pipeline's final check (signature, bindings), the lowering guard
-(a program that fails to lower or compile), or the pass's own exception.
+(a program that fails to lower or compile: it is made again without the last pass that changed
+it, then the one before, then the original runs), or the pass's own exception. A lowering or
+compile failure injected into one pass (`inject_lowering_failure`) costs that pass's gain only.
 """
 import os
 import sys
@@ -19,7 +21,9 @@ from jax import lax
 import jaxrewrite
 from jaxrewrite import _pipeline
 from jaxrewrite._options import Options
-from jaxrewrite.testing import FAULTS, assert_bitwise_equal, inject_fault, primitive_counts
+from jaxrewrite import _compat as C
+from jaxrewrite.testing import (FAULTS, assert_bitwise_equal, inject_fault,
+                                inject_lowering_failure, primitive_counts)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import blake2s as B  # noqa: E402  (bench/blake2s.py: BLAKE2s written plainly from RFC 7693)
@@ -71,9 +75,14 @@ def _check_contained(program, pass_name, kind, mode):
     else:
         assert len(said) == 1, [str(w.message) for w in said]
         text = str(said[0].message)
-        assert "running the original program" in text
-        # it names the pass that failed, or the last one to change the program
-        assert any(f"'{p}'" in text for p in PASSES), text
+        if "running the program the other passes made" in text:
+            # it failed to lower or compile, and ran without the passes it names: the damaged
+            # one among them
+            assert f"'{pass_name}'" in text.rsplit("); ", 1)[-1], text
+        else:
+            assert "running the original program" in text
+            # it names the pass that failed, or the last one to change the program
+            assert any(f"'{p}'" in text for p in PASSES), text
 
 
 @pytest.mark.parametrize("mode", ["optimize", "switch"])
@@ -89,6 +98,75 @@ def test_every_fault_of_every_pass_runs_the_program_as_written(pass_name, kind, 
 def test_every_fault_of_every_pass_on_blake2s(pass_name, kind):
     """(under `optimize`: the switch's path is the seed program's above)"""
     _check_contained(_blake2s_program, pass_name, kind, "optimize")
+
+
+# --- a lowering failure in one pass costs that pass's gain only (issue 44) ----------------------
+
+def _traced(mode, fn, args):
+    """(`fn` traced through `optimize` or the switch, fresh; its result, lowered and compiled
+    ahead of time)."""
+    fresh = lambda *a: fn(*a)  # noqa: E731
+    if mode == "optimize":
+        traced = jaxrewrite.optimize(fresh, **OPTIONS).trace(*args)
+        return traced, traced.lower().compile()(*args)
+    with jaxrewrite.enabled(**OPTIONS):
+        traced = jax.jit(fresh).trace(*args)
+        return traced, traced.lower().compile()(*args)
+
+
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+@pytest.mark.parametrize("pass_name", PASSES)
+def test_a_lowering_failure_in_any_pass_runs_with_one_warning(pass_name, stage):
+    """Whichever pass emits what cannot be lowered (compiled): `jax.jit`'s result, one
+    warning; where that pass was the last to change the program, only it is dropped."""
+    fn, args = _seed_program()
+    expected = jax.jit(fn)(*args)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with inject_lowering_failure(pass_name, stage):
+            traced, got = _traced("optimize", fn, args)
+    assert_bitwise_equal(got, expected)
+    said = _jaxrewrite_warnings(record)
+    assert len(said) == 1, [str(w.message) for w in said]
+    text = str(said[0].message)
+    assert f"could not be {stage}" in text, text
+    changed_by = jaxrewrite.last_report().stats["changed_by"]
+    if changed_by[-1] == pass_name:
+        assert text.endswith(f"dropped pass '{pass_name}', running the program the other "
+                             f"passes made"), text
+    elif "running the program the other passes made" in text:
+        assert f"'{pass_name}'" in text.rsplit("); ", 1)[-1], text
+    else:  # more passes changed it after this one than are dropped: the original program ran
+        assert "running the original program" in text, text
+
+
+@pytest.mark.parametrize("mode", ["optimize", "switch"])
+@pytest.mark.parametrize("stage", ["lowered", "compiled"])
+def test_a_lowering_failure_injected_into_the_last_pass_keeps_the_others_rewrites(stage, mode):
+    """The issue's case: the kernel pass emits what Mosaic cannot lower. What runs is what the
+    other passes made (the seed's rounds rolled into a scan), bit for bit `jax.jit`'s result."""
+    fn, args = _seed_program()
+    expected = jax.jit(fn)(*args)
+    original = jax.make_jaxpr(fn)(*args)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with inject_lowering_failure("kernel", stage):
+            traced, got = _traced(mode, fn, args)
+    assert_bitwise_equal(got, expected)
+    said = _jaxrewrite_warnings(record)
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert str(said[0].message).endswith(
+        "dropped pass 'kernel', running the program the other passes made"), said[0].message
+    ran = C.lowered_instead(traced.jaxpr)
+    assert ran is not None
+    others = _pipeline.rewrite(original, Options.make(**OPTIONS), without={"kernel"}).jaxpr
+    assert primitive_counts(ran) == primitive_counts(others)
+    # the chain of jitted rounds that reroll made one scan is still one scan
+    before, after = primitive_counts(original), primitive_counts(ran)
+    assert "scan" not in before and after["scan"] == 1 and after["jit"] < before["jit"]
+    report = jaxrewrite.last_report()
+    assert report.stats["fallback"] == {"dropped": ["kernel"], "original": False}
+    assert any("dropped pass 'kernel'" in e for e in report.errors)
 
 
 # --- the final check, the lowering guard, and where they hold ------------------------------------

@@ -413,14 +413,22 @@ def test_a_while_loop_runs_inside_the_kernel():
 
 @pytest.mark.skipif(jax.default_backend() == "tpu", reason="Mosaic kernels lower on a TPU")
 def test_a_kernel_that_cannot_lower_falls_back_with_one_warning(monkeypatch):
-    """Emitted for Mosaic on a CPU-only process, the kernel cannot be lowered here: the
-    program as traced runs (the lowering guard, `_api._lowering_failed`)."""
+    """Emitted for Mosaic on a CPU-only process, the kernel cannot be lowered here: the kernel
+    pass is dropped and the split form the passes before it made runs (the lowering guard,
+    `_api._lowering_failed`)."""
     monkeypatch.setattr(mosaic, "interpret", lambda: False)
     f = jax.vmap(P.chacha_loop("fori", rounds=2))
     x = P._blocks(4096)
-    with pytest.warns(RuntimeWarning, match="could not be lowered"):
-        out = jaxrewrite.optimize(f, target="tpu", kernel=True)(x)
+    g = jaxrewrite.optimize(f, target="tpu", kernel=True)
+    with pytest.warns(RuntimeWarning, match="could not be lowered .*dropped pass 'kernel', "
+                                            "running the program the other passes made"):
+        traced = g.trace(x)
+        out = g(x)
     assert_bitwise_equal(out, jax.jit(f)(x))
+    ran = C.lowered_instead(traced.jaxpr)
+    assert "pallas_call" in primitive_counts(traced.jaxpr)
+    assert ran is not None and "pallas_call" not in primitive_counts(ran)
+    assert jaxrewrite.last_report().stats["fallback"] == {"dropped": ["kernel"], "original": False}
 
 
 def test_scalar_words_carried_in_the_loop_live_in_smem():
