@@ -63,6 +63,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -495,12 +496,32 @@ def _form_name(opts: dict) -> str:
 
 
 def variants(fn, forms) -> dict[str, Callable]:
-    """name -> maker of a fresh jitted callable."""
+    """name -> maker of a fresh jitted callable. A form's `inject=PASS` is no option: that
+    pass's output fails to lower (`jaxrewrite.testing.inject_lowering_failure`), and the
+    fallback by pass decides what runs."""
     out = {BASE: lambda: jax.jit(fn), AA: lambda: jax.jit(lambda *a: fn(*a)),
            OPT: lambda: jaxrewrite.optimize(fn)}
     for opts in forms:
-        out[_form_name(opts)] = lambda o=opts: jaxrewrite.optimize(fn, **o)
+        rest = {k: v for k, v in opts.items() if k != "inject"}
+        if "inject" in opts:
+            out[_form_name(opts)] = lambda o=rest, p=opts["inject"]: _Injected(
+                jaxrewrite.optimize(fn, **o), p)
+        else:
+            out[_form_name(opts)] = lambda o=rest: jaxrewrite.optimize(fn, **o)
     return out
+
+
+@dataclasses.dataclass
+class _Injected:
+    """A jitted function lowered with `pass_name`'s output failing to lower."""
+    jitted: Callable
+    pass_name: str
+
+    def lower(self, *args):
+        from jaxrewrite.testing import inject_lowering_failure
+        with inject_lowering_failure(self.pass_name), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # (the one fallback warning)
+            return self.jitted.lower(*args)
 
 
 def _compile(make, args):
@@ -603,7 +624,7 @@ def parse_forms(spec: str | None) -> list[dict]:
                 opts[k.strip()] = ast.literal_eval(v.strip())
             except (ValueError, SyntaxError):
                 opts[k.strip()] = v.strip()
-        jaxrewrite.Options.make(**opts)  # a typo is an error now, not after an hour
+        jaxrewrite.Options.make(**{k: v for k, v in opts.items() if k != "inject"})  # (typos)
         forms.append(opts)
     return forms
 
