@@ -48,6 +48,23 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+def _emulate_target(target):
+    """`JAXREWRITE_TEST_TARGET=tpu`: every rewrite that names no target decides as on that
+    target (`Options.resolved_target`), while the programs still run here. On the CPU this shows
+    the TPU's decisions (not its compiler's bits, nor Mosaic: kernels take Pallas's interpreter)."""
+    from jaxrewrite import _options
+    if target not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"JAXREWRITE_TEST_TARGET={target!r}: expected cpu, gpu or tpu")
+
+    def resolved_target(self) -> str:
+        return self.target if self.target is not None else target
+    _options.Options.resolved_target = resolved_target
+
+
+if os.environ.get("JAXREWRITE_TEST_TARGET"):
+    _emulate_target(os.environ["JAXREWRITE_TEST_TARGET"])
+
+
 @pytest.fixture(autouse=True, scope="session")
 def f32_matmuls_off_the_cpu():
     """On an accelerator, float matmuls at full f32 precision for the whole session (every
