@@ -342,6 +342,16 @@ def _run(cj, ctx, passes):
         except Exception as e:  # noqa: BLE001 - any failure of a pass is contained
             raise PassError(f"pass '{spec.name}' failed ({type(e).__name__}: {e}); "
                             f"passes run before it: {ran or 'none'}") from e
+        if changed:
+            # A later pass that rebuilds a level by renaming (scalarize, flatten, ...) turns a
+            # variable bound twice into a well-formed program computing the wrong thing, which
+            # the final check cannot see: each change's bindings are checked where it is made
+            # (the levels it made; set operations only).
+            why = _walk.binding_error(new, cj)
+            if why is not None:
+                ctx.report.count("pipeline.final_check_failed")
+                raise PassError(f"the rewritten program fails the bindings check after pass "
+                                f"'{spec.name}' ({why}); passes run before it: {ran or 'none'}")
         ctx.report.time(f"pass.{spec.name}", time.perf_counter() - t)
         ran.append(spec.name)
         if changed and (not changed_by or changed_by[-1] != spec.name):

@@ -48,21 +48,34 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-def _emulate_target(target):
-    """`JAXREWRITE_TEST_TARGET=tpu`: every rewrite that names no target decides as on that
-    target (`Options.resolved_target`), while the programs still run here. On the CPU this shows
-    the TPU's decisions (not its compiler's bits, nor Mosaic: kernels take Pallas's interpreter)."""
-    from jaxrewrite import _options
+def _defaulting_to(target):
+    """`Options.resolved_target` with `target` where the options name none."""
     if target not in ("cpu", "gpu", "tpu"):
-        raise ValueError(f"JAXREWRITE_TEST_TARGET={target!r}: expected cpu, gpu or tpu")
+        raise ValueError(f"default target {target!r}: expected cpu, gpu or tpu")
 
     def resolved_target(self) -> str:
         return self.target if self.target is not None else target
-    _options.Options.resolved_target = resolved_target
+    return resolved_target
 
 
+# `JAXREWRITE_TEST_TARGET=tpu`: every rewrite that names no target decides as on that target,
+# while the programs still run here. On the CPU this shows the TPU's decisions (not its
+# compiler's bits, nor Mosaic: kernels take Pallas's interpreter), as a TPU host would.
 if os.environ.get("JAXREWRITE_TEST_TARGET"):
-    _emulate_target(os.environ["JAXREWRITE_TEST_TARGET"])
+    from jaxrewrite import _options
+    _options.Options.resolved_target = _defaulting_to(os.environ["JAXREWRITE_TEST_TARGET"])
+
+
+@pytest.fixture(autouse=True)
+def default_target(request, monkeypatch):
+    """`@pytest.mark.default_target("cpu")` (or a module's `pytestmark`): within the test,
+    rewrites that name no target decide as on that target (a file about one target's row of a
+    pass, whatever the host or JAXREWRITE_TEST_TARGET); the programs still run on the default
+    backend."""
+    mark = request.node.get_closest_marker("default_target")
+    if mark is not None:
+        from jaxrewrite import _options
+        monkeypatch.setattr(_options.Options, "resolved_target", _defaulting_to(mark.args[0]))
 
 
 @pytest.fixture(autouse=True, scope="session")
