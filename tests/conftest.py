@@ -11,10 +11,17 @@ in one process (one process at a time may hold the chip: no `-n`):
     export PYTHONPATH=$PWD:$PYTHONPATH HYPOTHESIS_PROFILE=tpu
     python3 -m pytest -q -p no:cacheprovider
 
-or in two halves of about equal time, by the files' names (a new file lands in one of them):
+or, where a command may run 10 minutes at most, in parts of at most 8 minutes each, one part
+a command (tests/tpu_parts.py: the parts by the files' CPU times; a new file lands in the last
+part; each part writes its counts and failures to DIR as it goes, and pytest's junit file):
 
-    python3 -m pytest -q -p no:cacheprovider tests/test_[a-g]*.py
-    python3 -m pytest -q -p no:cacheprovider tests/test_[h-z]*.py
+    python3 tests/tpu_parts.py --list
+    python3 tests/tpu_parts.py --part 1 --out DIR      (then 2, 3, ...; or --part all)
+
+On the CPU, `JAXREWRITE_TEST_TARGET=tpu` makes every rewrite that names no target decide as on
+the TPU (the programs still run on the CPU; kernels take Pallas's interpreter): the TPU host's
+decisions, without its compiler. A test about one target's row pins it: `target="cpu"` in its
+calls, or `@pytest.mark.default_target("cpu")` (a file's `pytestmark`) for every rewrite in it.
 
 What differs there, and why (tests/ says so where it matters):
 - JAX's import-time notices ("Transparent hugepages are not enabled", "cloud_tpu_init failed")

@@ -10,8 +10,8 @@
 
 What is seen is the analyses' business; whether a seen gather is taken is the target's cost row
 (the TPU keeps a rev of more than 2 elements, and a reshape that pads its (8, 128) tiles, as
-gathers: bench/tpu_costs.py). The structure here is the CPU's row (`target="cpu"`, every call),
-on any host; the programs still run on the default backend.
+gathers: bench/tpu_costs.py). The structure here is the CPU's row (`default_target("cpu")`), on
+any host; the programs still run on the default backend.
 """
 import inspect
 
@@ -30,9 +30,11 @@ from jaxrewrite.passes import fold
 from jaxrewrite.report.records import Report
 from jaxrewrite.testing import assert_equivalent, primitive_counts
 
+pytestmark = pytest.mark.default_target("cpu")
+
 
 def _rewrite(fn, *args, **opts):
-    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), target="cpu", **opts)
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(fn)(*args), **opts)
     return res.jaxpr, res.report
 
 
@@ -47,18 +49,18 @@ def _transposed(n: int, a: int) -> np.ndarray:
 def test_take_with_many_static_indices_becomes_data_movement(n, a):
     idx = _transposed(n, a)
     v = jnp.arange(n, dtype=jnp.float32) * 1.5 - 7.0
-    cj = assert_equivalent(lambda v: jnp.take(v, idx), v, bitwise=True, target="cpu")
+    cj = assert_equivalent(lambda v: jnp.take(v, idx), v, bitwise=True)
     counts = primitive_counts(cj)
     assert counts.get("gather", 0) == 0 and counts.get("transpose", 0) == 1, counts
     batched = jnp.stack([v, -v, v * 0.0])
-    cj = assert_equivalent(jax.vmap(lambda v: jnp.take(v, idx)), batched, bitwise=True, target="cpu")
+    cj = assert_equivalent(jax.vmap(lambda v: jnp.take(v, idx)), batched, bitwise=True)
     assert primitive_counts(cj).get("gather", 0) == 0
 
 
 def test_take_with_many_static_indices_in_a_loop_body():
     idx = _transposed(200, 8)
     f = lambda v: lax.fori_loop(0, 5, lambda i, v: jnp.take(v, idx) * 2.0, v)  # noqa: E731
-    cj = assert_equivalent(f, jnp.arange(200, dtype=jnp.float32), bitwise=True, target="cpu")
+    cj = assert_equivalent(f, jnp.arange(200, dtype=jnp.float32), bitwise=True)
     counts = primitive_counts(cj)
     assert counts.get("gather", 0) == 0 and counts.get("transpose", 0) == 1, counts
 
@@ -67,7 +69,7 @@ def test_take_with_many_static_indices_in_a_loop_body():
 def test_take_of_a_traced_arange_is_seen(n):
     # the index is an iota folding keeps as an equation; it reaches `_take`'s gather as a literal
     v = jnp.arange(n, dtype=jnp.int32)
-    cj = assert_equivalent(lambda v: jnp.take(v, jnp.arange(n)[::-1]), v, bitwise=True, target="cpu")
+    cj = assert_equivalent(lambda v: jnp.take(v, jnp.arange(n)[::-1]), v, bitwise=True)
     counts = primitive_counts(cj)
     assert counts.get("gather", 0) == 0 and counts.get("rev", 0) == 1, counts
 
@@ -98,7 +100,7 @@ def test_select_n_with_a_uniform_constant_predicate_picks_that_arm():
     # the select is gone: its result is `y`, the program's second input
     assert "select_n" not in primitive_counts(out)
     assert out.jaxpr.outvars[0] is out.jaxpr.invars[1]
-    assert_equivalent(f, x, -x, bitwise=True, target="cpu")
+    assert_equivalent(f, x, -x, bitwise=True)
 
 
 def test_select_n_is_kept_where_arms_differ_or_the_predicate_varies():
@@ -133,7 +135,7 @@ def test_gathers_in_vmapped_switch_branches_are_seen(batch):
             if e.pass_name == "gathers" and e.before == ("scatter",)]
     assert seen
     assert all(e.reason for e in report.declines if e.before == ("scatter",))
-    assert_equivalent(f, i, x, bitwise=True, target="cpu", vmap=False, grad=False)
+    assert_equivalent(f, i, x, bitwise=True, vmap=False, grad=False)
 
 
 # --- no static gather left in silence -------------------------------------------------------------
@@ -175,7 +177,7 @@ def test_every_static_gather_left_is_a_recorded_decline():
                if loc.startswith(here)}
     assert "fold_limit=48" in reasons[_line(_kinds, "above fold_limit")]
     assert "did not evaluate" in reasons[_line(_kinds, "a float step")]
-    assert_equivalent(f, x, bitwise=True, target="cpu", fold_limit=48, vmap=False)
+    assert_equivalent(f, x, bitwise=True, fold_limit=48, vmap=False)
 
 
 # --- the fold_limit cliff ---------------------------------------------------------------------------
@@ -215,7 +217,7 @@ def test_sorting_network_above_fold_limit_is_rewritten(name, fn):
     cj, report = _rewrite(fn, x)
     assert primitive_counts(cj).get("gather", 0) == 0
     assert not [e for e in report.declines if e.pass_name == "gathers"]
-    got = np.asarray(jaxrewrite.optimize(fn, target="cpu")(x))
+    got = np.asarray(jaxrewrite.optimize(fn)(x))
     np.testing.assert_array_equal(got, np.asarray(jax.jit(fn)(x)))
     np.testing.assert_array_equal(got, np.sort(np.asarray(x), axis=1))
 
@@ -243,5 +245,4 @@ def test_index_table_above_fold_limit_with_a_row_iota_is_rewritten():
     counts = primitive_counts(cj)
     assert counts.get("gather", 0) == 0 and counts.get("concatenate", 0) == 0, counts
     assert not [e for e in report.declines if e.pass_name == "gathers"]
-    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f, target="cpu")(x)),
-                                  np.asarray(x)[:, perm])
+    np.testing.assert_array_equal(np.asarray(jaxrewrite.optimize(f)(x)), np.asarray(x)[:, perm])

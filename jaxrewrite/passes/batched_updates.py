@@ -241,10 +241,11 @@ def _floats(words, dtype):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _as_words(x, idx, upd, plan: Plan):
     """The selects on the words of `x` and `upd`: no float value is an operand of any equation
-    but a bitcast (XLA:TPU broadcast a float32 column along the lanes through arithmetic that
-    turned -0.0 into +0.0 and quieted NaN payloads, 3 of 120 elements on a v5e, Dec 6; an
-    unsigned word has no -0.0 and no NaN, whatever instructions move it). Its tangent is the
-    float select form on the tangents (the bitcasts have none)."""
+    but a bitcast. (The float form, slices, broadcasts and selects only, gave +0.0 for -0.0 and
+    a canonical NaN for NaNs with payloads on a TPU v5e, Dec 6: 3 of 120 elements of a nested
+    vmap; XLA:CPU kept them. Which of XLA:TPU's lowerings does it was not isolated; an unsigned
+    word has no -0.0 and no NaN, whatever instructions move it.) Its tangent is the float
+    select form on the tangents (the bitcasts have none)."""
     return _floats([_selects(xw, idx, uw, plan) for xw, uw in zip(_words(x), _words(upd))],
                    x.dtype)
 
