@@ -3,6 +3,9 @@
     python3 tests/tpu_parts.py --list                  the parts, their files and estimates
     python3 tests/tpu_parts.py --part 3 --out DIR      one part (fits one 10-minute device call)
     python3 tests/tpu_parts.py --part all --out DIR    every part, one after another
+    python3 tests/tpu_parts.py --part 3 --out DIR --resume
+                                                       a part cut at its limit: the tests its
+                                                       part-3.results does not list yet
 
 From the repository root; nothing to set (the script sets PYTHONPATH, HYPOTHESIS_PROFILE=tpu
 unless set, PYTHONUNBUFFERED). Each part is one pytest process (one process at a time may hold
@@ -140,9 +143,27 @@ def pytest_sessionfinish(session, exitstatus):
 
 # --- the driver --------------------------------------------------------------------------------
 
-def run_part(index: int, out: str, limit: int, extra: list[str]) -> tuple[int, str]:
+def _finished(base: str) -> list[str]:
+    """The test ids DIR/part-N.results (and the earlier runs' part-N.results.K) list."""
+    out = []
+    for path in glob.glob(base + ".results*"):
+        with open(path) as f:
+            out.extend(line.split()[1] for line in f if len(line.split()) >= 2)
+    return sorted(set(out))
+
+
+def run_part(index: int, out: str, limit: int, extra: list[str],
+             resume: bool = False) -> tuple[int, str]:
     name, files = parts()[index - 1]
     base = os.path.join(out, f"part-{index}")
+    if resume:
+        done = _finished(base)
+        if os.path.exists(base + ".results"):
+            os.replace(base + ".results", base + f".results.{len(done)}")
+        for kind in ("summary", "xml", "log"):
+            if os.path.exists(f"{base}.{kind}"):
+                os.replace(f"{base}.{kind}", f"{base}.{kind}.{len(done)}")
+        extra = [a for t in done for a in ("--deselect", t)] + list(extra)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, HERE] + ([env["PYTHONPATH"]]
                                                         if env.get("PYTHONPATH") else []))
@@ -178,6 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--part", help="a part's number (1-based) or name, or 'all'")
     ap.add_argument("--out", help="folder for each part's results, summary, junit and log")
     ap.add_argument("--limit", type=int, default=LIMIT_S, help="seconds of pytest per part")
+    ap.add_argument("--resume", action="store_true",
+                    help="leave out the tests the part's results file lists (kept, renamed)")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     a = ap.parse_args(argv)
     ps = parts()
@@ -199,7 +222,7 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     worst = 0
     for i in chosen:
-        rc, line = run_part(i, a.out, a.limit, a.pytest_args)
+        rc, line = run_part(i, a.out, a.limit, a.pytest_args, a.resume)
         print(line, flush=True)
         if a.part == "all":
             with open(os.path.join(a.out, "summary.txt"), "a") as f:
