@@ -10,7 +10,8 @@
 From the repository root; nothing to set (the script sets PYTHONPATH, HYPOTHESIS_PROFILE=tpu
 unless set, PYTHONUNBUFFERED). Each part is one pytest process (one process at a time may hold
 the chip), stopped with SIGINT at `--limit` seconds (default 480) so that pytest still writes
-its summary and its junit file. Into DIR, as it goes:
+its summary and its junit file (KILL 30 s later if it is inside a compile or a run that
+SIGINT does not stop; the results file has every test finished before). Into DIR, as it goes:
 
     part-N.results   one line per test as it finishes: outcome, test id, seconds
     part-N.summary   one line, rewritten after every test: counts so far, then the end state
@@ -216,8 +217,10 @@ def run_part(index: int, out: str, limit: int, extra: list[str],
             line = f.read().strip()
     except FileNotFoundError:
         line = f"part {index} ({name}): no summary (pytest did not start; see {base}.log)"
-    if rc in (124, 137) and "cut at the limit" not in line:
-        line += "; cut at the limit"
+    if rc in (124, 137, -9) and "cut at the limit" not in line:
+        # (SIGINT did not stop pytest within 30 s, inside a compile or a run: `timeout` sent
+        # KILL to the group, itself included, so no summary from pytest and no junit file)
+        line = line.replace("; running", "") + "; cut at the limit (killed 30 s after SIGINT)"
     line += f"; rc={rc}, wall {wall:.0f} s"
     with open(base + ".summary", "w") as f:
         f.write(line + "\n")
