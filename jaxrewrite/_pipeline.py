@@ -43,10 +43,13 @@ living in `jaxrewrite/passes/<name>.py`. The table below is the order:
 9. literals   - large literals that repeat along an axis (a vmapped index table) become
                 `broadcast_in_dim` of one copy (always on, once, at the end).
 
-If a pass raises, or the rewritten program fails the final check (its signature: input and
-output shapes, dtypes, weak types and shardings; its bindings; its new loops' typing; with
-`check="types"`, or `debug_checks`, every new equation's typing), `rewrite` returns the
-original program and one warning naming the pass;
+If a pass raises, or its change reads or binds a variable wrongly (checked after each pass
+that changed the program, on the levels it made: a later pass that rebuilds a level by
+renaming would make a variable bound twice a well-formed program computing something else),
+or the rewritten program fails the final check (its signature: input and output shapes,
+dtypes, weak types and shardings; its bindings; its new loops' typing; with `check="types"`,
+or `debug_checks`, every new equation's typing), `rewrite` returns the original program and
+one warning naming the pass;
 with `strict=True` the error propagates. What the check cannot see (a program that fails to
 lower) is caught where JAX lowers it (`_api`'s lowering fallback): the pipeline runs again
 without the last pass that changed that program (`rewrite(..., without=...)`), then without the
@@ -358,6 +361,18 @@ def _run(cj, ctx, passes):
         except Exception as e:  # noqa: BLE001 - any failure of a pass is contained
             raise PassError(f"pass '{spec.name}' failed ({type(e).__name__}: {e}); "
                             f"passes run before it: {ran or 'none'}") from e
+        if changed:
+            # A later pass that rebuilds a level by renaming (scalarize on the TPU's row, in
+            # tests/test_faults.py) turns a variable bound twice into a well-formed program
+            # computing something else, which the final check cannot see: each change's
+            # bindings are checked where it is made (the levels it made; set operations only:
+            # 2 such checks were 10 ms of a 391 ms rewrite of bench/scale.py's 7,522 equations,
+            # 2 cores shared, Dec 6).
+            why = _walk.binding_error(new, cj)
+            if why is not None:
+                ctx.report.count("pipeline.final_check_failed")
+                raise PassError(f"the rewritten program fails the bindings check after pass "
+                                f"'{spec.name}' ({why}); passes run before it: {ran or 'none'}")
         ctx.report.time(f"pass.{spec.name}", time.perf_counter() - t)
         ran.append(spec.name)
         if changed and (not changed_by or changed_by[-1] != spec.name):

@@ -11,10 +11,17 @@ in one process (one process at a time may hold the chip: no `-n`):
     export PYTHONPATH=$PWD:$PYTHONPATH HYPOTHESIS_PROFILE=tpu
     python3 -m pytest -q -p no:cacheprovider
 
-or in two halves of about equal time, by the files' names (a new file lands in one of them):
+or, where a command may run 10 minutes at most, in parts of at most 8 minutes each, one part
+a command (tests/tpu_parts.py: the parts by the files' CPU times; a new file lands in the last
+part; each part writes its counts and failures to DIR as it goes, and pytest's junit file):
 
-    python3 -m pytest -q -p no:cacheprovider tests/test_[a-g]*.py
-    python3 -m pytest -q -p no:cacheprovider tests/test_[h-z]*.py
+    python3 tests/tpu_parts.py --list
+    python3 tests/tpu_parts.py --part 1 --out DIR      (then 2, 3, ...; or --part all)
+
+On the CPU, `JAXREWRITE_TEST_TARGET=tpu` makes every rewrite that names no target decide as on
+the TPU (the programs still run on the CPU; kernels take Pallas's interpreter): the TPU host's
+decisions, without its compiler. A test about one target's row pins it: `target="cpu"` in its
+calls, or `@pytest.mark.default_target("cpu")` (a file's `pytestmark`) for every rewrite in it.
 
 What differs there, and why (tests/ says so where it matters):
 - JAX's import-time notices ("Transparent hugepages are not enabled", "cloud_tpu_init failed")
@@ -46,6 +53,36 @@ settings.register_profile(
     "tpu", deadline=None, max_examples=8, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def _defaulting_to(target):
+    """`Options.resolved_target` with `target` where the options name none."""
+    if target not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"default target {target!r}: expected cpu, gpu or tpu")
+
+    def resolved_target(self) -> str:
+        return self.target if self.target is not None else target
+    return resolved_target
+
+
+# `JAXREWRITE_TEST_TARGET=tpu`: every rewrite that names no target decides as on that target,
+# while the programs still run here. On the CPU this shows the TPU's decisions (not its
+# compiler's bits, nor Mosaic: kernels take Pallas's interpreter), as a TPU host would.
+if os.environ.get("JAXREWRITE_TEST_TARGET"):
+    from jaxrewrite import _options
+    _options.Options.resolved_target = _defaulting_to(os.environ["JAXREWRITE_TEST_TARGET"])
+
+
+@pytest.fixture(autouse=True)
+def default_target(request, monkeypatch):
+    """`@pytest.mark.default_target("cpu")` (or a module's `pytestmark`): within the test,
+    rewrites that name no target decide as on that target (a file about one target's row of a
+    pass, whatever the host or JAXREWRITE_TEST_TARGET); the programs still run on the default
+    backend."""
+    mark = request.node.get_closest_marker("default_target")
+    if mark is not None:
+        from jaxrewrite import _options
+        monkeypatch.setattr(_options.Options, "resolved_target", _defaulting_to(mark.args[0]))
 
 
 @pytest.fixture(autouse=True, scope="session")

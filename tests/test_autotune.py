@@ -38,6 +38,11 @@ cpu_compiler = pytest.mark.skipif(
            "CPU is the default backend (autotune.compiler_for)")
 
 
+# the tests that write the cache compile for this process's backend, named (not the default
+# target, which JAXREWRITE_TEST_TARGET may set to one without a compiler here)
+LOCAL = jax.default_backend()
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXREWRITE_CACHE_DIR", str(tmp_path))
@@ -89,12 +94,12 @@ def test_bit_exact_and_reused_in_fresh_process(cache_dir):
     f = jax.vmap(lambda x: P.chacha_take(x, rounds=1))
     keys = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (8, 4, 4), dtype=np.uint32))
     assert_equivalent(f, keys, autotune=True, target="gpu", bitwise=True)   # no GPU compiler here: model
-    assert_equivalent(lone, X, autotune=True, bitwise=True)
+    assert_equivalent(lone, X, autotune=True, bitwise=True, target=LOCAL)
     n = len(_entries(cache_dir))
     assert n >= 1
     # the child runs on the CPU (on a TPU host this process holds the chip) and asks for this
     # process's target, whose choice it reads from the cache: nothing compiled
-    target = jax.default_backend()
+    target = LOCAL
     script = textwrap.dedent(f"""
         import sys, jax, jax.numpy as jnp, numpy as np
         sys.path.insert(0, {BENCH!r})
@@ -142,7 +147,7 @@ def test_unreadable_cache_is_ignored(cache_dir):
 
 
 def test_time_mode_opt_in(cache_dir):
-    assert_equivalent(lone, X, autotune="time", bitwise=True)
+    assert_equivalent(lone, X, autotune="time", bitwise=True, target=LOCAL)
     (rec,) = _entries(cache_dir).values()
     assert rec["why"].startswith("timed")
 

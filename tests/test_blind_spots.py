@@ -7,6 +7,11 @@
 * every static gather left is a recorded decline, never silence;
 * a gather over more than `fold_limit` elements whose batch dims pass through (a sorting network
   over 65,536 rows) is rewritten: the limit bounds the map of one row, not the batch.
+
+What is seen is the analyses' business; whether a seen gather is taken is the target's cost row
+(the TPU keeps a rev of more than 2 elements, and a reshape that pads its (8, 128) tiles, as
+gathers: bench/tpu_costs.py). The structure here is the CPU's row (`default_target("cpu")`), on
+any host; the programs still run on the default backend.
 """
 import inspect
 
@@ -24,6 +29,8 @@ from jaxrewrite._pipeline import Context
 from jaxrewrite.passes import fold
 from jaxrewrite.report.records import Report
 from jaxrewrite.testing import assert_equivalent, primitive_counts
+
+pytestmark = pytest.mark.default_target("cpu")
 
 
 def _rewrite(fn, *args, **opts):

@@ -15,6 +15,8 @@ from jaxrewrite.backend import xla as X
 
 pytestmark = [
     pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU rule"),
+    pytest.mark.default_target("cpu"),     # (XLA:CPU's option: the CPU's row, whatever the
+                                           # JAXREWRITE_TEST_TARGET)
     pytest.mark.skipif(not C.has_jit_trace_hook(), reason="options reach the jit through its "
                        "trace hook (jax >= 0.9)"),
 ]

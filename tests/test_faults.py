@@ -3,10 +3,13 @@
 Every pass is broken in turn (`jaxrewrite.testing.inject_fault`: a wrong shape, a wrong dtype, a
 dropped or duplicated variable, an invalid parameter, an exception), and the program must still
 return `jax.jit`'s result bit for bit, with one warning, under `optimize` and under the switch.
-What catches each fault: the pipeline's final check (signature, bindings), the lowering guard
-(a program that fails to lower or compile: it is made again without the last pass that changed
-it, then the one before, then the original runs), or the pass's own exception. A lowering or
-compile failure injected into one pass (`inject_lowering_failure`) costs that pass's gain only.
+What catches each fault: the bindings check after each pass that changed the program (a later
+pass that rebuilds by renaming would make a well-formed wrong program of a variable bound twice:
+scalarize on the TPU's row), the pipeline's final check (signature, bindings), the lowering
+guard (a program that fails to lower or compile: it is made again without the last pass that
+changed it, then the one before, then the original runs), or the pass's own exception. A
+lowering or compile failure injected into one pass (`inject_lowering_failure`) costs that
+pass's gain only.
 """
 import os
 import sys

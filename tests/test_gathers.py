@@ -17,6 +17,12 @@ from jaxrewrite.testing import assert_equivalent, primitive_counts
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # any pytest import mode
 from test_indexmap import gathers as gather_cases  # noqa: E402
 
+# The CPU's row of the gathers pass, on any host: which structural forms the TPU takes is its
+# cost row's (it keeps a rev of more than 2 elements, and a reshape that pads its (8, 128)
+# tiles, as gathers: bench/tpu_costs.py), kept by tests/test_tpu.py. The programs still run on
+# the default backend, bit for bit against jax.jit.
+pytestmark = pytest.mark.default_target("cpu")
+
 # The passes this area owns, alone (other areas' passes are tested in their own files).
 OPTS = dict(movement=False, scalarize=False)
 STRUCTURAL = {"slice", "rev", "transpose", "reshape", "broadcast_in_dim", "select_n", "jit",

@@ -54,10 +54,16 @@ FIRST_CALL_S = 60.0  # a first call slower than this is a failure (the catastrop
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
-cpu_timing = pytest.mark.skipif(
+_on_the_cpu = pytest.mark.skipif(
     jax.default_backend() != "cpu",
     reason="holds XLA:CPU's run and compile times (or its compiled module) to the CPU's "
            "never-worse promise; on an accelerator bench/accelerator.py measures these programs")
+
+
+def cpu_timing(test):
+    """XLA:CPU's times: skipped off the CPU, and the CPU's decisions whatever
+    JAXREWRITE_TEST_TARGET says (the TPU's forms timed on XLA:CPU promise nothing)."""
+    return _on_the_cpu(pytest.mark.default_target("cpu")(test))
 _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]
 
 

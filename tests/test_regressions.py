@@ -91,7 +91,10 @@ def test_static_gather_inside_shard_map_is_rewritten():
 
     x = jnp.arange(8.0).reshape(2, 4)
     assert_equivalent(f, x, vmap=False)
-    out = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(f)(x), strict=True)
+    # the CPU's decision: a rev of 4 elements is the gathers pass's form there; the TPU keeps
+    # the gather (a rev of 16-64 elements ran 1.05-1.18x slower there, bench/tpu_costs.py), so
+    # that fold reached the body is seen on the CPU's row, on any host
+    out = jaxrewrite.rewrite_jaxpr(jax.make_jaxpr(f)(x), strict=True, target="cpu")
     assert primitive_counts(out).get("gather", 0) == 0
 
 
@@ -101,8 +104,9 @@ def test_static_gather_in_a_body_rewritten_without_shard_map():
         return jnp.take(x, np.arange(4)[::-1].copy(), axis=-1) * 2
 
     x = jnp.arange(8.0).reshape(2, 4)
-    out = assert_equivalent(f, x, strict=True)
+    out = assert_equivalent(f, x, strict=True, target="cpu")   # (the CPU's rev, as above)
     assert primitive_counts(out).get("gather", 0) == 0
+    assert_bitwise_equal(jaxrewrite.optimize(f, target="cpu")(x), jax.jit(f)(x))
     assert_bitwise_equal(jaxrewrite.optimize(f)(x), jax.jit(f)(x))
 
 

@@ -112,7 +112,8 @@ def _mlp_args(n=4, d=8):
 
 
 def _rewrite(f, *args, **opts):
-    res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(*args), target="cpu", **opts)
+    opts.setdefault("target", "cpu")
+    res = rewrite_jaxpr_with_report(jax.make_jaxpr(f)(*args), **opts)
     C.check_jaxpr(res.jaxpr)
     return res.jaxpr, res.report
 
@@ -144,7 +145,21 @@ def test_bodies_moving_data_around_contractions_are_declined_with_the_estimate(n
     # the reason names the model's estimate: trips, equations per trip, what they are
     assert any(("concatenate" in r or "gather" in r or "scatter" in r) and "contraction" in r
                and "trips" in r for r in reasons), reasons
-    assert_equivalent(f, *args, reroll=True, rtol=RTOL, vmap=False)
+    # the program the CPU's estimate declined (on the TPU, reroll=True rolls these bodies: that
+    # program is test_rolled_on_the_tpu_within_the_contract's)
+    assert_equivalent(f, *args, reroll=True, rtol=RTOL, vmap=False, target="cpu")
+
+
+@pytest.mark.parametrize("name, f, args", [
+    ("e3nn-like grad", jax.grad(_e3_net_calls), _e3_args()),
+    ("gcnn-like grad", jax.grad(_gc_net), _gc_args()),
+])
+def test_rolled_on_the_tpu_within_the_contract(name, f, args):
+    """The TPU's row rolls the bodies the CPU declines (reroll=True): the rolled program, run on
+    the default backend, holds the contract (floats within its ulps) against jax.jit."""
+    cj, report = _rewrite(f, *args, reroll=True, target="tpu")
+    assert _rolled(cj) == 2
+    assert_equivalent(f, *args, reroll=True, vmap=False, grad=False, target="tpu")
 
 
 def test_winning_bodies_still_roll_forward_and_backward():

@@ -23,8 +23,13 @@ from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
 
 from jaxrewrite import _compat as C
 
-# the switch hooks JAX >= 0.9's jit trace (tests/test_api.py checks what older JAX says)
-pytestmark = pytest.mark.skipif(not C.has_jit_trace_hook(), reason="the switch needs jax >= 0.9")
+# the switch hooks JAX >= 0.9's jit trace (tests/test_api.py checks what older JAX says); the
+# witness of a rewrite, REV's gather made a rev, is the CPU's row (the TPU keeps a rev of more
+# than 2 elements a gather, bench/tpu_costs.py): the switch decides for the CPU on any host
+pytestmark = [
+    pytest.mark.skipif(not C.has_jit_trace_hook(), reason="the switch needs jax >= 0.9"),
+    pytest.mark.default_target("cpu"),
+]
 
 REV = np.array([3, 2, 1, 0])
 X = jnp.arange(16.0).reshape(4, 4) / 7

@@ -99,3 +99,16 @@ def test_padded_elements_model():
     assert cost.movement_form_decision(pairs, "cpu") is None
     assert cost.movement_form_decision([("rev", (2, 8, 128), (2, 8, 128), (2,))], "tpu") is None
     assert cost.movement_form_decision([("rev", (64, 128), (64, 128), (64,))], "tpu")
+
+
+def test_the_chip_parts_name_each_test_file_once():
+    """tests/tpu_parts.py: every part's file exists, none is in two parts, and a file no part
+    names still runs (in the last part)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import tpu_parts
+    named = [f for _, files in tpu_parts.PARTS for f in files]
+    assert len(named) == len(set(named))
+    assert all(os.path.exists(os.path.join(here, f)) for f in named)
+    every = {f for _, files in tpu_parts.parts() for f in files}
+    assert every == {f for f in os.listdir(here) if f.startswith("test_") and f.endswith(".py")}

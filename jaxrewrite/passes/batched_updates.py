@@ -23,11 +23,16 @@ the conjunction of `d_k == offset_k`. `scatter-add/mul/min/max` of integers: `se
 y op v)` (exact in any order, so several index rows per example are taken too, one select per
 row and position).
 
-Bit for bit: a select moves bits (NaN payloads, -0.0); the clamp is `_clamp_scatter_indices`'s
+Bit for bit: a select moves bits (NaN payloads, -0.0), and float operands are selected as their
+unsigned words (`bitcast_convert_type` in, selects on the words, `bitcast_convert_type` out;
+complex: its two parts' words), so no float value meets any other equation: XLA:TPU changed
+the bits of float words this form moved (-0.0 to +0.0, NaN payloads quieted, seen on a v5e)
+where XLA:CPU did not. The clamp is `_clamp_scatter_indices`'s
 (0 <= start <= N - w, per example), FILL_OR_DROP drops a whole window with any start out of
 [0, N - w] (the sentinel start N hits no element); the clamp and the bounds are computed in the
-index dtype, before the (then value-preserving) conversion to int32. Gradients: those of
-select, broadcast and slice, by value the scatter's (a written element's cotangent goes to its
+index dtype, before the (then value-preserving) conversion to int32. Gradients: a custom JVP,
+the float select form on the tangents (those of select, broadcast and slice), by value the
+scatter's (a written element's cotangent goes to its
 update, the others' to the operand).
 
 Preconditions and declines (recorded with a reason, the scatter kept):
@@ -47,8 +52,10 @@ Preconditions and declines (recorded with a reason, the scatter kept):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
+import jax
 import numpy as np
 from jax import lax
 
@@ -209,7 +216,49 @@ def _permuted(a, perm, shape):
 
 
 def _form(x, idx, upd, plan: Plan):
-    """The select form of one batched scatter (module level: traced once per plan)."""
+    """The select form of one batched scatter (module level: traced once per plan); float
+    values move as their integer words (`_as_words`)."""
+    if np.dtype(x.dtype).kind in "fc":
+        return _as_words(x, idx, upd, plan)
+    return _selects(x, idx, upd, plan)
+
+
+def _words(a):
+    """The unsigned words of a float array (complex: of its real and imaginary parts)."""
+    if np.dtype(a.dtype).kind == "c":
+        return _words(lax.real(a)) + _words(lax.imag(a))
+    return [lax.bitcast_convert_type(a, np.dtype(f"u{np.dtype(a.dtype).itemsize}"))]
+
+
+def _floats(words, dtype):
+    """`_words` undone."""
+    if np.dtype(dtype).kind == "c":
+        part = np.dtype(f"f{np.dtype(dtype).itemsize // 2}")
+        return lax.complex(*[lax.bitcast_convert_type(w, part) for w in words])
+    return lax.bitcast_convert_type(words[0], dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _as_words(x, idx, upd, plan: Plan):
+    """The selects on the words of `x` and `upd`: no float value is an operand of any equation
+    but a bitcast. (The float form, slices, broadcasts and selects only, gave +0.0 for -0.0 and
+    a canonical NaN for NaNs with payloads on a TPU v5e, Dec 6: 3 of 120 elements of a nested
+    vmap; XLA:CPU kept them. Which of XLA:TPU's lowerings does it was not isolated; an unsigned
+    word has no -0.0 and no NaN, whatever instructions move it.) Its tangent is the float
+    select form on the tangents (the bitcasts have none)."""
+    return _floats([_selects(xw, idx, uw, plan) for xw, uw in zip(_words(x), _words(upd))],
+                   x.dtype)
+
+
+@_as_words.defjvp
+def _as_words_jvp(plan, primals, tangents):
+    x, idx, upd = primals
+    tx, _, tu = tangents
+    return _as_words(x, idx, upd, plan), _selects(tx, idx, tu, plan)
+
+
+def _selects(x, idx, upd, plan: Plan):
+    """One select per window position and index row (the module docstring's form)."""
     R = len(plan.shape)
     every = tuple(range(R))
     # per-example values keep the batch dims in place and size 1 elsewhere (broadcast_in_dim
