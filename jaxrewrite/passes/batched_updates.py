@@ -45,7 +45,7 @@ Preconditions and declines (recorded with a reason, the scatter kept):
   wins is implementation-defined. Floating add/mul/min/max are kept (`passes/_updates.py`'s
   reasons: an FMA where the sum fuses with a product, JAX's own gradient rules), so are custom
   update computations, extended dtypes, 16-bit floats (jax.jit's bits for a signaling NaN are
-  the backend's), a window that leaves a non-indexed dim partly unwritten,
+  the backend's), 64-bit floats (XLA:TPU emulates them: their words are not IEEE's), a window that leaves a non-indexed dim partly unwritten,
   a program partitioned over several devices, and float values under `exact=True` (the
   select's fusion with its neighbours, as the gathers pass).
 """
@@ -133,6 +133,12 @@ def _plan(eqn, ctx) -> Plan | None:
         # signaling NaN: jax.jit's bits there are the backend's, not the data's
         raise Decline(f"scatter of {xa.dtype}: jax.jit's result for a signaling NaN depends "
                       "on the backend (XLA:CPU quiets it)")
+    if np.dtype(xa.dtype).kind in "fc" and _float_part_bytes(xa.dtype) == 8:
+        # XLA:TPU emulates 64-bit floats: their bitcast to u64 is not the IEEE words (every
+        # element of a float64 window came back wrong on a v5e, Dec 7), so the word form
+        # cannot move them; the float form was not checked there
+        raise Decline(f"scatter of {xa.dtype}: the TPU emulates 64-bit floats, whose words "
+                      "the selects would move are not IEEE's")
     if kinds is not None and np.dtype(xa.dtype).kind not in kinds:
         raise Decline(f"{name} of {xa.dtype}: {why}")
     if ctx.devices > 1:
@@ -221,6 +227,11 @@ def _form(x, idx, upd, plan: Plan):
     if np.dtype(x.dtype).kind in "fc":
         return _as_words(x, idx, upd, plan)
     return _selects(x, idx, upd, plan)
+
+
+def _float_part_bytes(dtype) -> int:
+    dt = np.dtype(dtype)
+    return dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
 
 
 def _words(a):
