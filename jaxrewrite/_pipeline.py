@@ -99,6 +99,9 @@ class PassSpec:
     then: tuple[str, ...] = ()
     # Whether the option's value enables the pass (default: any true value).
     enabled_by: Callable[[object], bool] = bool
+    # Whether the pass rebuilds levels by renaming their variables (then the bindings of what
+    # changed before it are checked first: `_run`).
+    renames: bool = False
 
     def wakes(self, other: str) -> bool:
         """Whether a change by this pass may give `other` work."""
@@ -121,28 +124,28 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("movement", "movement", True),
     # A Python loop of rounds rolled where flatten will split the loop's carry: just before it.
     # (fold's work reaches it through flatten, which decides whether fold's changes are kept)
-    PassSpec("rounds", "reroll", True, uses_enabling=False),
+    PassSpec("rounds", "reroll", True, uses_enabling=False, renames=True),
     # flatten runs before scalarize: it removes the call and loop boundaries scalarize stops at.
-    PassSpec("flatten", "flatten", True),
+    PassSpec("flatten", "flatten", True, renames=True),
     # Sharing changes no structure: no work for another pass but cse, no dead code.
     PassSpec("dedup", "dedup", True, enables=("cse",), makes_dead_code=False),
     # cse before scalarize: scalarize, the costliest analysis, then sees each round's program
     # once, where after it cse's change made it run a second round on the same program to find
     # the same nothing (RubiksCube: 23 of a 150 ms rewrite)
     PassSpec("cse", "cse", True),
-    PassSpec("scalarize", "scalarize", True),
+    PassSpec("scalarize", "scalarize", True, renames=True),
     # (reroll="auto" leaves rolling to `rounds`)
-    PassSpec("reroll", "reroll", False, then=("flatten", "scalarize"),
+    PassSpec("reroll", "reroll", False, then=("flatten", "scalarize"), renames=True,
              enabled_by=lambda v: bool(v) and v != "auto"),
     # Last: it rebuilds the whole program at tile size (the other passes' forms inside).
-    PassSpec("tile", "tile", False, uses_enabling=False),
+    PassSpec("tile", "tile", False, uses_enabling=False, renames=True),
     # JAX's Threefry draws opened into their rounds (an iota, 32-bit words) where the kernel
     # pass, next, makes one kernel of them; enabled as that pass is.
-    PassSpec("threefry", "kernel", False, uses_enabling=False,
+    PassSpec("threefry", "kernel", False, uses_enabling=False, renames=True,
              enabled_by=lambda v: v is not False),
     # After every pass that splits: a region of integer work on the pieces they left becomes
     # one Pallas kernel (TPU; `kernel=True`: any target). It takes what it is given.
-    PassSpec("kernel", "kernel", False, uses_enabling=False,
+    PassSpec("kernel", "kernel", False, uses_enabling=False, renames=True,
              enabled_by=lambda v: v is not False),
     # After every pass that reads literals: the large ones fold made (or constants became) go
     # to XLA as the broadcasts they are. Always on; on its own it changes nothing worth keeping.
@@ -346,11 +349,34 @@ def _run(cj, ctx, passes):
 
     changed_by: list = ctx.report.stats.setdefault("changed_by", [])
 
+    # The last program whose bindings are known good. A pass that rebuilds levels by renaming
+    # (`PassSpec.renames`: scalarize on the TPU's row, in tests/test_faults.py) turns a variable
+    # bound twice into a well-formed program computing something else, which the final check
+    # cannot see: before such a pass, what changed since this program is checked (the levels
+    # made since, set operations only). Once per renaming pass, not after every pass: checking
+    # after each change was 22-25 ms of a 340-370 ms rewrite of bench/scale.py's 10,000
+    # equations, Dec 7.
+    checked = [cj]
+
+    def check_bindings(cj, spec):
+        if cj is checked[0]:
+            return
+        why = _walk.binding_error(cj, checked[0])
+        if why is not None:
+            ctx.report.count("pipeline.final_check_failed")
+            since = changed_by[-1] if changed_by else "?"
+            raise PassError(f"the rewritten program fails the bindings check before pass "
+                            f"'{spec.name}' ({why}); the last pass to change it: '{since}' "
+                            f"(passes that changed it: {changed_by})")
+        checked[0] = cj
+
     def step(cj, spec, fn):
         if quiet.get((spec.name, id(cj))) is cj:
             ran.append(spec.name)
             return cj, False
         t = time.perf_counter()
+        if spec.renames:
+            check_bindings(cj, spec)
         before = snapshot()
         try:
             new, changed = fn(cj, ctx)
@@ -361,18 +387,6 @@ def _run(cj, ctx, passes):
         except Exception as e:  # noqa: BLE001 - any failure of a pass is contained
             raise PassError(f"pass '{spec.name}' failed ({type(e).__name__}: {e}); "
                             f"passes run before it: {ran or 'none'}") from e
-        if changed:
-            # A later pass that rebuilds a level by renaming (scalarize on the TPU's row, in
-            # tests/test_faults.py) turns a variable bound twice into a well-formed program
-            # computing something else, which the final check cannot see: each change's
-            # bindings are checked where it is made (the levels it made; set operations only:
-            # 2 such checks were 10 ms of a 391 ms rewrite of bench/scale.py's 7,522 equations,
-            # 2 cores shared, Dec 6).
-            why = _walk.binding_error(new, cj)
-            if why is not None:
-                ctx.report.count("pipeline.final_check_failed")
-                raise PassError(f"the rewritten program fails the bindings check after pass "
-                                f"'{spec.name}' ({why}); passes run before it: {ran or 'none'}")
         ctx.report.time(f"pass.{spec.name}", time.perf_counter() - t)
         ran.append(spec.name)
         if changed and (not changed_by or changed_by[-1] != spec.name):
