@@ -232,3 +232,20 @@ def cli(name: str, main: Callable[[bool], list[dict]], columns: Sequence[str] | 
     rows = main(quick)
     print(markdown_table(rows, columns))
     print(f"\nwritten {write_results(name, rows, dict(quick=quick))}")
+
+
+def compile_on_row(make: Callable, args: Sequence, overrides: dict, target: str = "tpu"):
+    """(seconds of trace + rewrite + lower + compile of a fresh `make()`, caches cleared, the
+    compiled program, the rewrite's report or None for a plain jax.jit), with `target`'s cost
+    row overridden by `overrides` (`backend.cost.override_row`) while it is made."""
+    import jax
+    import jaxrewrite
+    from jaxrewrite.backend import cost
+    jax.clear_caches()
+    before = jaxrewrite.last_report()
+    with cost.override_row(target, **overrides):
+        t = time.perf_counter()
+        compiled = make().lower(*args).compile()
+        seconds = time.perf_counter() - t
+    report = jaxrewrite.last_report()
+    return seconds, compiled, (report if report is not before else None)

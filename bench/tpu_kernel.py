@@ -206,19 +206,6 @@ def _opt(**kw):
     return lambda f: jaxrewrite.optimize(f, **OPT, **kw)
 
 
-def _compile(make, args, overrides):
-    """Seconds of trace + rewrite + lower + compile of a fresh function (caches cleared), the
-    compiled program, and what the rewrite said (None for jax.jit)."""
-    jax.clear_caches()
-    before = jaxrewrite.last_report()
-    with _cost.override_row("tpu", **overrides):
-        t = time.perf_counter()
-        compiled = make().lower(*args).compile()
-        seconds = time.perf_counter() - t
-    report = jaxrewrite.last_report()
-    return seconds, compiled, (report if report is not before else None)
-
-
 def _launches(compiled):
     try:
         counts = _xla.launches(compiled)
@@ -253,7 +240,7 @@ def table(program: str, n: int, args, variants: dict, checks, repeats: int,
             if rnd and name not in twice:
                 continue
             print(f"[{NAME}] {program}/{n}: compile {name}", file=sys.stderr, flush=True)
-            s, c, report = _compile(make, args, overrides)
+            s, c, report = _common.compile_on_row(make, args, overrides)
             compiles[name].append(s)
             compiled.setdefault(name, c)
             facts.setdefault(name, _kernel_facts(report))
