@@ -9,6 +9,7 @@ Supported: JAX >= 0.7.0 (the declared floor, smoke-tested in `.ci/run`).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import threading as _threading
 import warnings
@@ -891,6 +892,13 @@ def lowered_instead(jaxpr) -> ClosedJaxpr | None:
     return jaxpr if seen else None
 
 
+def has_lowering_guard() -> bool:
+    """Whether this JAX has the hooks `install_lowering_guard` needs (>= 0.9). Without them a
+    rewritten program that JAX cannot lower or compile raises, as the program would."""
+    from jax._src import pjit as _pjit
+    return callable(getattr(_pjit, "_resolve_and_lower", None)) and has_jit_trace_hook()
+
+
 def install_lowering_guard(on_failure: Callable) -> bool:
     """Wrap `pjit._resolve_and_lower` (once); False where this JAX has none (< 0.9).
 
@@ -899,9 +907,9 @@ def install_lowering_guard(on_failure: Callable) -> bool:
     "lowered") or compiled ("compiled"); or raises."""
     from jax._src import pjit as _pjit
     with _INSTALL:
-        lower = getattr(_pjit, "_resolve_and_lower", None)
-        if lower is None or not has_jit_trace_hook():  # pragma: no cover - JAX < 0.9
+        if not has_lowering_guard():  # pragma: no cover - JAX < 0.9
             return False
+        lower = _pjit._resolve_and_lower
         if getattr(lower, "__jaxrewrite_hook__", False):
             return True
 
@@ -1006,10 +1014,18 @@ def failing_identity(stage: str) -> Primitive:
                 aval, = ctx.avals_out
                 return mlir.custom_call(
                     "jaxrewrite_no_such_target", operands=[x], backend_config={}, api_version=4,
-                    result_types=[mlir.aval_to_ir_type(ctx.module_context, aval)]).results
+                    result_types=[_ir_type(mlir, ctx, aval)]).results
         mlir.register_lowering(prim, rule)
         _FAILING[stage] = prim
         return prim
+
+
+def _ir_type(mlir, ctx, aval):
+    # JAX >= 0.9 takes the module context first; 0.7-0.8 take the aval alone
+    params = inspect.signature(mlir.aval_to_ir_type).parameters
+    if len(params) >= 2:
+        return mlir.aval_to_ir_type(ctx.module_context, aval)
+    return mlir.aval_to_ir_type(aval)  # pragma: no cover - JAX < 0.9
 
 
 def _with_compile_options(params, wanted: dict):
