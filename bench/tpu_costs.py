@@ -20,7 +20,9 @@ Sections:
 * `seed`: `bench/seed.py`'s rounds programs at 65,536;
 * `reroll`: a transformer LM training step (plain JAX, d=512, sequence 256, batch 16, Adam by
   hand) of 8 and 16 layers in a Python loop: jax.jit against `reroll=True` and the defaults,
-  first call (trace + compile + run) and step, losses.
+  first call (trace + compile + run) and step, losses; and each form's compiled module
+  (`hlo_summary`: copies, dynamic-update-slices, transposes, ... in the entry and inside its
+  loops, temp memory; the text under `$OUT/hlo/`), to read what makes a rolled step slower.
 """
 from __future__ import annotations
 
@@ -81,6 +83,51 @@ def launches(compiled) -> int:
             if " = " in line:
                 n += 1
     return n
+
+
+# What item 1 of issue 46 reads in each rolled step's compiled module: operations that copy or
+# move the stacked weights, gradients and residuals, in the entry and inside loops.
+HLO_OPS = ("copy", "dynamic-update-slice", "dynamic-slice", "transpose", "concatenate", "slice",
+           "fusion", "custom-call", "while", "convolution", "dot")
+
+
+def hlo_summary(compiled, name: str) -> dict:
+    """Counts of `HLO_OPS` in `compiled`'s module (where it holds loops: also those inside them,
+    "loop:" keys), its memory analysis, and the module written to `$OUT/hlo/<name>.txt` where
+    OUT is set. Text is all XLA gives of a compiled module; a bench reads it, the tests do not."""
+    try:
+        text = compiled.as_text()
+    except Exception as err:  # noqa: BLE001 - a backend without HLO text
+        return {"error": repr(err)}
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(os.path.join(out, "hlo"), exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        with open(os.path.join(out, "hlo", safe + ".txt"), "w") as f:
+            f.write(text)
+    counts: dict = {}
+    bodies = {ln.split("body=")[1].split(",")[0].split(")")[0].strip().lstrip("%")
+              for ln in text.splitlines() if " while(" in ln and "body=" in ln}
+    computation, loop = None, False
+    for ln in text.splitlines():
+        if ln and not ln.startswith(" ") and "{" in ln:  # a computation's header
+            computation = ln.split()[1 if ln.startswith("ENTRY") else 0].lstrip("%")
+            loop = computation in bodies
+            continue
+        if " = " not in ln:
+            continue
+        rhs = ln.split(" = ", 1)[1]
+        op = next((o for o in HLO_OPS if f" {o}(" in rhs or rhs.startswith(f"{o}(")), None)
+        if op is not None:
+            key = ("loop:" if loop else "") + op
+            counts[key] = counts.get(key, 0) + 1
+    try:
+        mem = compiled.memory_analysis()
+        counts["temp_mb"] = round(mem.temp_size_in_bytes / 2**20, 1)
+        counts["argument_mb"] = round(mem.argument_size_in_bytes / 2**20, 1)
+    except Exception:  # noqa: BLE001 - a backend without memory analysis
+        pass
+    return counts
 
 
 def compile_s(make, args) -> tuple[float, object]:
@@ -284,17 +331,19 @@ def reroll(quick: bool) -> None:
                  "optimize reroll=True, the CPU's rolled form": (
                      lambda: jaxrewrite.optimize(lambda *a: step(*a), reroll=True),
                      {"costs": CPU_ROLLED})}
-        first, fns, losses = {}, {}, {}
+        first, fns, losses, hlo = {}, {}, {}, {}
         for form, (make, row) in forms.items():
             jax.clear_caches()
             f = make()
             t = time.perf_counter()
             a = scan_args if "by hand" in form else args
-            with candidate_row(**row):
-                out = _common.block(f(*a))
+            with candidate_row(**row):  # the first call, through its stages: the module at hand
+                compiled = f.lower(*a).compile()
+                out = _common.block(compiled(*a))
             first[form] = time.perf_counter() - t
-            fns[form] = f
+            fns[form] = compiled
             losses[form] = float(out[0])
+            hlo[form] = hlo_summary(compiled, f"reroll-{layers}-{form}")
         runs = _common.paired({k: (lambda f, a: lambda: f(*a))(
             f, scan_args if "by hand" in k else args) for k, f in fns.items()},
             repeats=5 if not quick else 3)
@@ -305,7 +354,8 @@ def reroll(quick: bool) -> None:
                  first_call_ratio=round(first[form] / first["jit"], 3),
                  run_ms=round(runs[form] * 1e3, 3), run_ratio=round(runs[form] / runs["jit"], 3),
                  loss=losses[form],
-                 loss_rel=abs(losses[form] - losses["jit"]) / max(abs(losses["jit"]), 1e-30))
+                 loss_rel=abs(losses[form] - losses["jit"]) / max(abs(losses["jit"]), 1e-30),
+                 hlo=hlo[form])
 
 
 SECTIONS = {"chacha": chacha, "bitonic": bitonic, "movement": movement, "seed": seed,
