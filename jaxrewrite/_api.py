@@ -164,7 +164,7 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
         info = chain = None
         if result.changed:
             chain = _Chain(fun, result.report)
-            info = _Fallback(chain, cj, options, shardings, result.last_pass)
+            info = _Fallback(chain, cj, options, shardings, result.changed_by)
             C.request_lowering_fallback(wrapped, cj, info)
         program = result.jaxpr
         while True:
@@ -212,7 +212,7 @@ class _Fallback:
     original: C.ClosedJaxpr  # the program as traced: what the pipeline runs on again
     options: Options
     shardings: tuple
-    last_pass: str | None  # the last pass that changed this program: the next to leave out
+    changed_by: tuple  # the passes that changed this program, in order: the next to leave out
     without: frozenset = frozenset()  # the passes this program was made without
 
 
@@ -226,8 +226,9 @@ def _fell_back(info: _Fallback, err: Exception, stage: str):
     if chain.first is None:
         chain.first = (stage, err)
     program = None
-    if info.last_pass is not None and len(info.without) < _MAX_REWRITES:
-        without = info.without | {info.last_pass}
+    culprit = _pipeline.laid_at(info.changed_by, C.raised_in_kernel(err))
+    if culprit is not None and len(info.without) < _MAX_REWRITES:
+        without = info.without | {culprit}
         program = _rewrite_without(info, without)
     what = (f"the rewritten program could not be {stage}" if not info.without else
             f"the program made without {_quoted(p for p in chain.dropped if p in info.without)} "
@@ -236,14 +237,14 @@ def _fell_back(info: _Fallback, err: Exception, stage: str):
         chain.original = True
         chain.report.errors.append(f"{what}; the original program ran")
     else:
-        if info.last_pass not in chain.dropped:  # (two threads lowering the same program)
-            chain.dropped.append(info.last_pass)
-        chain.report.errors.append(f"{what}; dropped pass '{info.last_pass}', the program "
+        if culprit not in chain.dropped:  # (two threads lowering the same program)
+            chain.dropped.append(culprit)
+        chain.report.errors.append(f"{what}; dropped pass '{culprit}', the program "
                                    f"the other passes made ran")
     chain.report.stats["fallback"] = {"dropped": list(chain.dropped), "original": chain.original}
     if program is None:
         return None, None
-    return program.jaxpr, dataclasses.replace(info, last_pass=program.last_pass,
+    return program.jaxpr, dataclasses.replace(info, changed_by=program.changed_by,
                                               without=without)
 
 

@@ -986,6 +986,27 @@ def _guard_compile(computation, jaxpr, lower_instead: Callable, on_failure: Call
         pass
 
 
+def raised_in_kernel(err: BaseException) -> bool:
+    """Whether `err` (or an error it was raised from) came from lowering or compiling a Pallas
+    kernel: raised inside Pallas's or Mosaic's Python code (JAX's `_src/pallas`,
+    `_src/tpu_custom_call`), or XLA's error names Mosaic or the kernel's custom call (a kernel
+    Mosaic refused when the TPU compiler compiled it). Where this is wrong, the fallback drops
+    another pass first and gets there one program later."""
+    import traceback
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        for frame in traceback.extract_tb(err.__traceback__):
+            path = frame.filename.replace("\\", "/")
+            if "/_src/pallas/" in path or "/_src/tpu_custom_call" in path:
+                return True
+        text = str(err)
+        if "Mosaic" in text or "tpu_custom_call" in text:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 # --- primitives that fail where JAX lowers or XLA compiles (`testing.inject_lowering_failure`) ----
 
 _FAILING: dict = {}

@@ -99,6 +99,9 @@ class PassSpec:
     then: tuple[str, ...] = ()
     # Whether the option's value enables the pass (default: any true value).
     enabled_by: Callable[[object], bool] = bool
+    # Whether the pass emits kernels for a compiler of their own (Pallas, lowered by Mosaic):
+    # a failure raised there is laid at it, not at a pass that changed the program later.
+    emits_kernels: bool = False
     # Whether the pass rebuilds levels by renaming their variables (then the bindings of what
     # changed before it are checked first: `_run`).
     renames: bool = False
@@ -146,7 +149,7 @@ PASSES: tuple[PassSpec, ...] = (
     # After every pass that splits: a region of integer work on the pieces they left becomes
     # one Pallas kernel (TPU; `kernel=True`: any target). It takes what it is given.
     PassSpec("kernel", "kernel", False, uses_enabling=False, renames=True,
-             enabled_by=lambda v: v is not False),
+             enabled_by=lambda v: v is not False, emits_kernels=True),
     # After every pass that reads literals: the large ones fold made (or constants became) go
     # to XLA as the broadcasts they are. Always on; on its own it changes nothing worth keeping.
     PassSpec("literals", None, False, enabling=True, uses_enabling=False,
@@ -182,10 +185,15 @@ class RewriteResult:
     fell_back: bool = False
 
     @property
+    def changed_by(self) -> tuple[str, ...]:
+        """The passes that changed the program, in the order they did (a later failure is laid
+        at one of them: `laid_at`)."""
+        return tuple(self.report.stats.get("changed_by") or ())
+
+    @property
     def last_pass(self) -> str | None:
-        """The last pass that changed the program (the one a later failure is laid at)."""
-        by = self.report.stats.get("changed_by")
-        return by[-1] if by else None
+        """The last pass that changed the program."""
+        return self.changed_by[-1] if self.changed_by else None
 
     @property
     def compile_options(self) -> dict:
@@ -196,6 +204,22 @@ class RewriteResult:
 
 class PassError(RuntimeError):
     """A pass raised, or the program it left fails the final check; names the pass."""
+
+
+def laid_at(changed_by: tuple[str, ...], in_kernel: bool) -> str | None:
+    """The pass a failure to lower or compile the program is laid at: the last of `changed_by`
+    (the passes that changed it, in order); where the failure was raised lowering or compiling
+    a kernel (`in_kernel`), the last of them that emits kernels, if one did:
+
+        changed_by ('gathers', 'kernel', 'literals'), Mosaic refused the kernel -> 'kernel'
+        the same, XLA refused the program                                      -> 'literals'
+    """
+    if in_kernel:
+        emitters = {spec.name for spec in PASSES if spec.emits_kernels}
+        for name in reversed(changed_by):
+            if name in emitters:
+                return name
+    return changed_by[-1] if changed_by else None
 
 
 def _load(spec: PassSpec) -> Callable:

@@ -377,3 +377,50 @@ def test_a_program_that_lowered_in_place_then_fails_to_compile_warns_no_more():
     report = jaxrewrite.last_report()
     assert report.stats["fallback"] == {"dropped": ["literals", "kernel"], "original": False}
     assert "could not be compiled either" in report.errors[1]
+
+
+# --- which pass a failure is laid at ----------------------------------------------------------
+
+def test_a_failure_in_a_kernel_is_laid_at_the_pass_that_emits_kernels():
+    by = ("fold", "flatten", "kernel", "literals")
+    assert _pipeline.laid_at(by, in_kernel=True) == "kernel"
+    assert _pipeline.laid_at(by, in_kernel=False) == "literals"
+    assert _pipeline.laid_at(("fold", "literals"), in_kernel=True) == "literals"
+    assert _pipeline.laid_at((), in_kernel=True) is None
+
+
+@needs_guard
+@pytest.mark.skipif(jax.default_backend() == "tpu",
+                    reason="Mosaic lowers the kernel on a TPU: the failure is the CPU's")
+def test_a_kernel_that_cannot_be_lowered_is_dropped_before_the_pass_after_it():
+    """The seed author's ChaCha20 beside a repeated table: the kernel pass makes the rounds a
+    kernel emitted for Mosaic, then 'literals' makes the table a broadcast. Here (no TPU) Pallas
+    refuses to lower the kernel; the failure is the kernel's, so 'kernel' is dropped first and
+    the program that runs keeps the literals pass's broadcast: one program made again, not two."""
+    import os
+    import sys
+    import numpy as np
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import author_chacha
+    import permutations
+    from jaxrewrite.backend import mosaic
+
+    blk = jax.vmap(author_chacha.fresh_copy().block)
+    x = permutations._blocks(4096)
+    table = np.tile(np.arange(16, dtype=np.uint32), (4096, 1)).reshape(4096, 4, 4)
+
+    def f(x):
+        return blk(x), x + table
+
+    with mosaic.emit_for("tpu"), pytest.warns(RuntimeWarning) as record:
+        g = jaxrewrite.optimize(f, target="tpu", kernel=True)
+        traced = g.trace(x)
+        out = g(x)
+    text = _one_warning(record)
+    assert "dropped pass 'kernel', running the program the other passes made" in text, text
+    report = jaxrewrite.last_report()
+    assert report.stats["changed_by"][-2:] == ["kernel", "literals"]
+    assert report.stats["fallback"] == {"dropped": ["kernel"], "original": False}
+    counts = primitive_counts(_ran(traced))
+    assert "pallas_call" not in counts and "broadcast_in_dim" in counts, counts
+    assert_bitwise_equal(out, jax.jit(f)(x))
