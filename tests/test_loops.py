@@ -297,6 +297,15 @@ def test_cpu_split_carry_out_of_cache_needs_permutations(monkeypatch):
     assert [e for e in res.report.rewrites if e.pass_name == "flatten"]
 
 
+def _kept_whole(res) -> bool:
+    """No pass split the loop or its body. Movement may make the body's transposed stack of
+    the state's rows the stack along the other axis (renaming: on that 12-trip recipe XLA:CPU's
+    module has 5 -> 3 transposes, 8 -> 5 copies, 7 -> 6 fusions; run 1.02-1.12x with an A/A
+    of 1.00-1.07x on a loaded machine, Dec 7)."""
+    return all(e.pass_name == "movement" and e.before == ("transpose",) and e.after == ("stack",)
+               for e in res.report.rewrites)
+
+
 def test_cpu_loop_body_is_not_split_under_a_whole_carry():
     """Where flatten leaves a loop's carry whole, scalarize does not split the body on its own:
     its results, the next trip's carry, would be re-joined every trip. Taken, that compiled
@@ -307,7 +316,7 @@ def test_cpu_loop_body_is_not_split_under_a_whole_carry():
     r = S.ArxRecipe(shape=(4, 4), rounds=2, batch=4096, seed=3, message=True, fanout=2,
                     quarter=True, undo=True, wrap="fori")
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
-    assert not res.report.rewrites
+    assert _kept_whole(res)
     assert any(d.pass_name == "scalarize" and "re-joined every trip" in d.reason
                for d in res.report.declines)
     # not on the GPU: there flatten unrolls, and the launches decide
@@ -319,7 +328,7 @@ def test_cpu_loop_body_is_not_split_under_a_whole_carry():
     r = S.ArxRecipe(shape=(4, 4), rounds=12, batch=4096, seed=726, message=True, fanout=2,
                     quarter=True, undo=False, out="state", wrap="fori")
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(r.fn)(*r.args), target="cpu")
-    assert not res.report.rewrites
+    assert _kept_whole(res)
     assert any(d.pass_name == "scalarize" and "re-joined every trip" in d.reason
                for d in res.report.declines)
 

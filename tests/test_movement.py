@@ -30,6 +30,11 @@ CASES = {
     "push_through_max": (lambda x: jnp.maximum(x.T, 3.0).T, ("transpose",)),
     "unstack_of_stack": (lambda x: lax.unstack(lax.stack([x[0], x[1]], 0), 0)[1] * 3,
                          ("stack", "unstack")),
+    "transpose_of_stack": (lambda x: jnp.stack([x[i] * 2 for i in range(4)], axis=1).T,
+                           ("transpose",)),
+    "transpose_of_split_stack": (
+        lambda x: jnp.stack([x[i] * 2 for i in range(4)], axis=1).reshape(6, 2, 2)
+        .transpose(1, 2, 0), ("transpose",)),
 }
 
 
@@ -80,3 +85,39 @@ def test_no_push_when_the_elementwise_result_is_used_twice():
         return y.T, y
     cj = assert_equivalent(fn, X, strict=True, bitwise=True)
     assert primitive_counts(cj).get("mul") == 1  # never computed twice
+
+
+def test_a_transpose_that_reorders_the_pieces_dims_is_kept():
+    """Only the stacked axis may move: a transpose of the pieces' own dims stays."""
+    fn = lambda x: jnp.stack([x * 2, x * 3], axis=0).transpose(0, 2, 1)  # noqa: E731
+    cj = assert_equivalent(fn, X, scalarize=False, strict=True, bitwise=True)
+    assert primitive_counts(cj).get("transpose") == 1
+
+
+def _vmapped_word_major():
+    def inner(s):  # a (4, 4) state's words, one by one, re-stacked; vmapped over the last axis
+        w = s.reshape(16)
+        return jnp.stack([w[i] * 3 for i in range(16)]).reshape(4, 4) + s
+    return jax.vmap(jax.jit(inner), in_axes=2, out_axes=2)
+
+
+def test_a_call_vmapped_with_out_axes_returns_the_caller_s_layout():
+    """vmap puts the batch axis first inside the call and transposes its result after; the
+    transpose moves into the call, where it cancels: the call returns (4, 4, N) itself."""
+    f = _vmapped_word_major()
+    x = jnp.arange(4 * 4 * 256, dtype=jnp.float32).reshape(4, 4, 256) - 100.0
+    assert primitive_counts(jax.make_jaxpr(f)(x))["transpose"] > 1
+    cj = assert_equivalent(f, x, scalarize=False, strict=True, bitwise=True)
+    top = [e.primitive.name for e in cj.jaxpr.eqns]
+    assert top == ["jit"], top
+    assert cj.jaxpr.eqns[0].outvars[0].aval.shape == (4, 4, 256)
+    # the stack of the words is made in the caller's layout; what is left is the input's side
+    assert primitive_counts(cj)["transpose"] == 1
+
+
+def test_a_transpose_that_does_not_cancel_in_the_call_stays_outside():
+    f = jax.vmap(jax.jit(lambda s: jnp.sin(s) + 1.0), in_axes=0, out_axes=1)
+    x = jnp.arange(24.0).reshape(4, 6)
+    assert [e.primitive.name for e in jax.make_jaxpr(f)(x).jaxpr.eqns][-1] == "transpose"
+    cj = assert_equivalent(f, x, scalarize=False, strict=True, bitwise=True)
+    assert [e.primitive.name for e in cj.jaxpr.eqns][-1] == "transpose"

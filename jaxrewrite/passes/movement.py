@@ -262,6 +262,134 @@ def push_through_elementwise(eqn, defn, uses):
     return em.replacement(em.bind(e.primitive, *moved, **e.params))
 
 
+def _stack_split(x, defn, uses):
+    """(the stack producing `x`, directly or through a reshape that only splits the stacked
+    axis, and the dims of `x` the stacked axis became) where each has no other use; else None."""
+    d = defn(x)
+    if d is None or uses.get(x, 0) != 1:
+        return None
+    if d.primitive.name == "stack":
+        return d, (d.params["axis"],)
+    if d.primitive.name != "reshape" or d.params.get("dimensions") is not None \
+            or not C.replicated(d.params.get("sharding")):
+        return None
+    y = d.invars[0]
+    st = defn(y)
+    if st is None or st.primitive.name != "stack" or uses.get(y, 0) != 1:
+        return None
+    a, ys, xs = st.params["axis"], _shape(y), _shape(x)
+    m = len(xs) - len(ys) + 1
+    if m < 1 or xs[:a] != ys[:a] or xs[a + m:] != ys[a + 1:]:
+        return None
+    return st, tuple(range(a, a + m))
+
+
+def transpose_of_stack(eqn, defn, uses):
+    """A transpose that moves only a stack's axis (split by a reshape or not) is that stack
+    along another axis: the pieces are not moved, only where they are put.
+
+        e = transpose[(1, 2, 0)](reshape[(N, 4, 4)](stack[axis=1](p0..p15)))   p_i: (N,)
+      → e = reshape[(4, 4, N)](stack[axis=0](p0..p15))
+
+    (A caller's word-major state, vmapped over its last axis: the pieces rejoined in its
+    layout, not in the vmapped (N, 4, 4), transposed after. On the TPU each of those is a pass
+    over an array whose minor dims of 4 are padded to 128.) The other dims must keep their
+    order; the stack and the reshape must have no other use (nothing is stacked twice)."""
+    if eqn.primitive.name != "transpose":
+        return None
+    found = _stack_split(eqn.invars[0], defn, uses)
+    if found is None:
+        return None
+    st, split = found
+    perm = tuple(eqn.params["permutation"])
+    at = perm.index(split[0])
+    if perm[at:at + len(split)] != split:
+        return None
+    rest = [d for d in perm if d not in split]
+    if rest != sorted(rest):
+        return None
+    em = _walk.Emitter(eqn)
+    stacked = em.bind(st.primitive, *st.invars, **dict(st.params, axis=at))[0]
+    out = _shape(eqn.outvars[0])
+    if _shape(stacked) != out:
+        stacked = _reshape(em, stacked, out)
+    return em.replacement([stacked])
+
+
+def transpose_into_call(eqn, defn, uses, ctx=None):
+    """A transpose of a call's only result moves into the call, where it cancels there (the
+    call's other rules then see it):
+
+        c = jit[{ lambda ; a. let b = reshape(stack[1](..)); t = transpose[(2, 0, 1)] a
+                              d = add b t in (d,) }] a
+        e = transpose[(1, 2, 0)] c
+      → e = jit[{ lambda ; a. let b = reshape[(4, 4, N)](stack[0](..)); d = add b a in (d,) }] a
+
+    (vmap of a jitted function with `out_axes` not 0 puts the batch axis first inside and
+    transposes the result outside.) Only a plain call (`_walk.plain_call`) of one result used
+    once, and only where the body then holds fewer transposes than it did plus this one."""
+    x = eqn.invars[0]
+    call = defn(x)
+    if call is None or not _walk.plain_call(call) or len(call.outvars) != 1 \
+            or uses.get(x, 0) != 1:
+        return None
+    body = call.params["jaxpr"]
+    if body.consts or not _moves_at_output(body.jaxpr):
+        return None
+    out, = body.jaxpr.outvars
+    if C.is_literal(out):
+        return None
+    # a body probed once is not probed again in the pipeline's later rounds (its bodies stay
+    # the same objects where nothing changed them)
+    memo = ctx.cache.setdefault("movement.into_call", {}) if ctx is not None else {}
+    key = (id(body.jaxpr), tuple(eqn.params["permutation"]))
+    if key in memo:
+        new_body = memo[key][1]
+        if new_body is None:
+            return None
+    else:
+        new_body = _moved_into(body, eqn, ctx)
+        memo[key] = (body, new_body)   # (the body kept alive: its id is not reused)
+        if new_body is None:
+            return None
+    out_var = C.new_var(C.aval_of(eqn.outvars[0]))
+    new_call = C.new_eqn(list(call.invars), [out_var], call.primitive,
+                         dict(call.params, jaxpr=new_body), call.effects, call.source_info,
+                         call.ctx)
+    return _walk.Replacement([new_call], [out_var])
+
+
+def _moved_into(body, eqn, ctx):
+    """`body` with the transpose `eqn` applied to its result and simplified, where that leaves
+    fewer transposes than `body` has plus that one; else None."""
+    out, = body.jaxpr.outvars
+    moved = C.new_var(C.aval_of(eqn.outvars[0]))
+    jaxpr = C.replace_jaxpr(body.jaxpr, eqns=list(body.jaxpr.eqns) + [
+        C.new_eqn([out], [moved], eqn.primitive, eqn.params, None, eqn.source_info, eqn.ctx)],
+        outvars=[moved])
+    from ..report.records import Report
+    scratch = Report()   # the probe's own rewrites: one is recorded, the move, if it pays
+    for _ in range(8):
+        jaxpr, changed = simplify(jaxpr, scratch, ctx=ctx)
+        if not changed:
+            break
+    jaxpr, _ = _walk.dce(jaxpr)
+    before = sum(e.primitive.name == "transpose" for e in body.jaxpr.eqns) + 1
+    if sum(e.primitive.name == "transpose" for e in jaxpr.eqns) >= before:
+        return None
+    return C.closed(jaxpr, ())
+
+
+def _moves_at_output(jaxpr) -> bool:
+    """Whether a body's result is made by data movement or elementwise work on it (what a
+    transpose moved in could cancel with)."""
+    out = jaxpr.outvars[0]
+    for e in jaxpr.eqns:
+        if out in e.outvars:
+            return e.primitive.name in _MOVES + ("stack",) or e.primitive.name in ELEMENTWISE
+    return False
+
+
 RULES: dict[str, Callable] = {
     "slice": slice_rule,
     "concatenate": concatenate_rule,
@@ -301,6 +429,9 @@ def simplify(jaxpr, report, rules=RULES, ctx=None):
             rep = r(eqn, defn) if r is not None else None
             if rep is None and name in _MOVES:
                 rep = push_through_elementwise(eqn, defn, uses)
+            if rep is None and name == "transpose":
+                rep = (transpose_of_stack(eqn, defn, uses)
+                       or transpose_into_call(eqn, defn, uses, ctx))
             if rep is not None and (why := _exact.reason(ctx, _exact.eqn_atoms(eqn), "moving")):
                 report.declined(PASS, eqn, why)  # exact=True: XLA's fusion around floats kept
                 rep = None
