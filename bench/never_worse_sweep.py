@@ -28,7 +28,8 @@ Files under `--out DIR`: `never_worse_sweep.jsonl`, one JSON object a line: a `s
 per call (device, versions, argv), a `start` line before each measurement and its `result` (or
 `error`) after. `--resume` measures only what the file holds no result for; a program started
 and never finished (the call ran out of time, or the process died) is recorded as `unfinished`
-and not measured again. A first call that takes more than `--first-call-limit` seconds ends the
+and not measured again (`--start-from FILE`: a previous call's file, copied into `--out` first,
+since a device call's output folder starts empty). A first call that takes more than `--first-call-limit` seconds ends the
 process (the device cannot be freed from a running program), recorded as `unfinished`.
 `--budget S`: no measurement is started that would end past S seconds of this process (its
 estimate: 1.5x the slowest of the last 20); with 10-minute device calls, 500 leaves room to
@@ -41,6 +42,7 @@ import dataclasses
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import threading
@@ -271,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder of never_worse_sweep.jsonl")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds of this process")
     ap.add_argument("--resume", action="store_true", help="go on from the file in --out")
+    ap.add_argument("--start-from", default=None,
+                    help="a previous call's file: copied into --out (if it has none), then resumed")
     ap.add_argument("--sizes", default="4096,65536")
     ap.add_argument("--n", type=int, default=400, help="programs drawn")
     ap.add_argument("--seed", type=int, default=0)
@@ -282,6 +286,10 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, FILE)
+    if a.start_from:      # a device call's $OUT starts empty: the last call's file, brought along
+        if not os.path.exists(path):
+            shutil.copyfile(a.start_from, path)
+        a.resume = True
     if os.path.exists(path) and not a.resume:
         sys.exit(f"{path} exists: --resume to go on with it, or another --out")
     import hypothesis

@@ -164,6 +164,11 @@ def test_never_worse_sweep_end_to_end(tmp_path, runner):
     assert len([r for r in records if r["kind"] == "result"]) == 2
     assert W.status(records)[(repr(third), 64)] == "unfinished"
     assert "unfinished 1" in W.summary(records)
+    # the next device call starts in an empty folder, from the last call's file
+    fresh = tmp_path / "next"
+    assert W.main(["--out", str(fresh), "--start-from", str(path), "--sizes", "64",
+                   "--max-rounds", "2", "--n", "3", "--budget", "0"]) == 0
+    assert W.load(str(fresh / W.FILE))[:len(records)] == records
 
 
 def test_never_worse_sweep_rule(runner):
