@@ -1,7 +1,8 @@
 """The accelerator bench (issue 39): the project's programs on one device, in one process.
 
     python bench/accelerator.py [--quick] [--only GROUP[,GROUP...]] [--budget SECONDS]
-                                [--forms [OPTIONS;OPTIONS...]] [--match TEXT] [--out PATH]
+                                [--forms [OPTIONS;OPTIONS...]] [--match TEXT] [--sizes N,...]
+                                [--out PATH]
 
 Made for a TPU (one process holds the chip; opening it costs ~15 s), and runs anywhere JAX runs:
 `--quick` (tiny sizes) takes a few minutes on a 2-core CPU. The programs come from the other
@@ -727,6 +728,8 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", nargs="?", const="default", default=None,
                     help="extra optimize forms: 'k=v,k=v;k=v' (alone: a default set)")
     ap.add_argument("--out", default=None, help="the JSON file to write")
+    ap.add_argument("--sizes", default=None,
+                    help="only these sizes, comma-separated (e.g. 4096)")
     ap.add_argument("--match", default=None,
                     help="only programs whose name holds this text (e.g. 'as written')")
     args = ap.parse_args(argv)
@@ -751,6 +754,8 @@ def main(argv=None) -> int:
             continue
         for case in group_cases:
             if args.match and args.match not in case.program:
+                continue
+            if args.sizes and case.size not in {int(n) for n in args.sizes.split(",")}:
                 continue
             elapsed = time.perf_counter() - t_start
             est = case.est_s * (len(forms) + 3) / 3
