@@ -7,8 +7,9 @@
 Programs: the generators of tests/test_never_worse.py (`jaxrewrite.strategies.perf_programs`:
 ARX rounds and stencils; `real_code_recipes`: static updates, state machines, symmetry groups),
 `--n` of them drawn by hypothesis from `--seed` (the same list for the same seed and hypothesis
-version), each measured at every size of `--sizes` (its drawn batch replaced), with x64 off as
-the test runs them. Program k is measured at every size before program k + 1.
+version; programs that differ only in their batch counted once), each measured at every size
+of `--sizes` (its drawn batch replaced), with x64 off as the test runs them. Program k is
+measured at every size before program k + 1.
 
 Per program and size, three callables: `jax.jit(fn)`, an A/A `jax.jit` of a wrapper (what noise
 is), `jaxrewrite.optimize(fn)` (`--target`: whose decisions; default the backend's):
@@ -28,12 +29,15 @@ Files under `--out DIR`: `never_worse_sweep.jsonl`, one JSON object a line: a `s
 per call (device, versions, argv), a `start` line before each measurement and its `result` (or
 `error`) after. `--resume` measures only what the file holds no result for; a program started
 and never finished (the call ran out of time, or the process died) is recorded as `unfinished`
-and not measured again (`--start-from FILE`: a previous call's file, copied into `--out` first,
-since a device call's output folder starts empty). A first call that takes more than `--first-call-limit` seconds ends the
-process (the device cannot be freed from a running program), recorded as `unfinished`.
+and not measured again. `--start-from FILE`: a previous call's file, copied into `--out` first
+(a device call's output folder starts empty), then resumed. A first call that takes more than
+`--first-call-limit` seconds is an `error` and ends the process (a running device program cannot
+be stopped); `--resume` goes on after it. `--target tpu` on a CPU: the TPU's decisions (kernels
+in Pallas's interpreter: slow at 65,536).
 `--budget S`: no measurement is started that would end past S seconds of this process (its
-estimate: 1.5x the slowest of the last 20); with 10-minute device calls, 500 leaves room to
-open the chip and print. At the end: the violations and counts of everything in the file.
+estimate: 1.5x the slowest of the last 20); in a 10-minute device call, 480 leaves a minute to
+open the chip, import, draw and print. At the end: the violations and counts of everything in
+the file.
 """
 from __future__ import annotations
 
@@ -115,12 +119,20 @@ def _first_call(c, args, limit: float, on_timeout):
     """The first call, in a thread: past `limit` seconds `on_timeout()` (which ends the
     process: a running device program cannot be stopped)."""
     box = {}
-    th = threading.Thread(target=lambda: box.setdefault("v", _common.block(c(*args))),
-                          daemon=True)
+
+    def go():
+        try:
+            box["v"] = _common.block(c(*args))
+        except Exception as e:  # noqa: BLE001 - raised again in the caller's thread
+            box["e"] = e
+
+    th = threading.Thread(target=go, daemon=True)
     th.start()
     th.join(limit)
     if th.is_alive():
         on_timeout()
+    if "e" in box:
+        raise box["e"]
     return box["v"]
 
 
