@@ -1,7 +1,8 @@
 """The accelerator bench (issue 39): the project's programs on one device, in one process.
 
     python bench/accelerator.py [--quick] [--only GROUP[,GROUP...]] [--budget SECONDS]
-                                [--forms [OPTIONS;OPTIONS...]] [--match TEXT] [--out PATH]
+                                [--forms [OPTIONS;OPTIONS...]] [--match TEXT] [--sizes N,...]
+                                [--out PATH]
 
 Made for a TPU (one process holds the chip; opening it costs ~15 s), and runs anywhere JAX runs:
 `--quick` (tiny sizes) takes a few minutes on a 2-core CPU. The programs come from the other
@@ -38,6 +39,9 @@ wrapper: what noise is), `optimize` (defaults), and with `--forms` more `optimiz
   (`jaxrewrite.testing.assert_contract_equal`); `check` says which; `max_rel_diff` (floats): the
   largest difference over the outputs, relative to each output's largest magnitude; `rewrites`:
   rewrites the optimize form applied (0: nothing was rewritten, and its ratio is noise);
+  `same_hlo`: XLA compiled the form to jax.jit's program (its optimized HLO up to instruction
+  names, metadata and the order of independent instructions): whatever was rewritten, its run
+  ratio is noise (on a shared 2-core CPU such a form measured 0.84-1.34x, Philox's 0.93-1.26x);
 - `ratio_hand` (chacha, keccak): run_ms / the hand-written form's jax.jit run_ms, same size.
 
 `--budget SECONDS`: a program whose estimated time (compiles as measured on a TPU v5e host:
@@ -68,6 +72,7 @@ from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(HERE, "..", "tests"))   # test_never_worse's HLO comparison
 
 import _common  # noqa: E402
 import author_chacha  # noqa: E402
@@ -576,6 +581,8 @@ def measure(case: Case, forms, quick: bool) -> list[dict]:
                 samples[name].append(_sample(compiled[name], args, n))
         run = {k: statistics.median(v) for k, v in samples.items()}
         ccomp = {k: statistics.median(v) for k, v in comp.items()}
+        from test_never_worse import _program_text
+        text = {k: _program_text(c) for k, c in compiled.items()}
         rows = []
         for name in names:
             ok, why = (True, "") if name == BASE else compare(outs[name], want)
@@ -586,7 +593,7 @@ def measure(case: Case, forms, quick: bool) -> list[dict]:
                 run_ms=run[name] * 1e3, ratio=run[name] / run[BASE], compile_s=ccomp[name],
                 compile_ratio=ccomp[name] / ccomp[BASE], launches=nl, loops=loops, exact=ok,
                 check=check, max_rel_diff=diff, rewrites=rewrites.get(name, ""),
-                calls_per_sample=n,
+                calls_per_sample=n, same_hlo=name != BASE and text[name] == text[BASE],
                 rounds=rounds, note="; ".join(x for x in (case.note, known, why,
                                                           errors.get(name, "")) if x)))
         del compiled, outs, want, args
@@ -674,7 +681,7 @@ def _line(rows: list[dict]) -> str:
     for name, r in by.items():
         if name == BASE:
             continue
-        flag = "" if r["exact"] else " DIFFERS"
+        flag = ("" if r["exact"] else " DIFFERS") + (" same HLO" if r.get("same_hlo") else "")
         parts.append(f"{name} {r['ratio']:.2f}x (compile {r['compile_ratio']:.2f}x, launches "
                      f"{r['launches']}{', rewrites ' + str(r['rewrites']) if r['rewrites'] != '' else ''})"
                      f"{flag}")
@@ -698,10 +705,12 @@ def table(rows: list[dict]) -> str:
             err = next(iter(by.values())).get("error", "")
             lines.append(f"| {key[1]} | {key[2]} | error: {err[:80]} |" + " |" * 6)
             continue
-        extra = [f"{k[len(OPT):]} {r['ratio']:.2f}x" for k, r in by.items()
+        extra = [f"{k[len(OPT):]} {r['ratio']:.2f}x{' same HLO' if r.get('same_hlo') else ''}"
+                 for k, r in by.items()
                  if k not in (BASE, AA, OPT)]
         cells = [key[1], str(key[2]), f"{b['run_ms']:.3f}", f"{a['ratio']:.2f}x",
-                 f"{o['ratio']:.2f}x" + (f" ({', '.join(extra)})" if extra else ""),
+                 f"{o['ratio']:.2f}x" + (" (same HLO)" if o.get("same_hlo") else "")
+                 + (f" ({', '.join(extra)})" if extra else ""),
                  f"{o['compile_s']:.2f} s ({o['compile_ratio']:.2f}x)",
                  f"{b['launches']} -> {o['launches']}",
                  ("yes" if all(r["exact"] for r in by.values()) else "NO") + f" ({b['check']})",
@@ -719,6 +728,8 @@ def main(argv=None) -> int:
     ap.add_argument("--forms", nargs="?", const="default", default=None,
                     help="extra optimize forms: 'k=v,k=v;k=v' (alone: a default set)")
     ap.add_argument("--out", default=None, help="the JSON file to write")
+    ap.add_argument("--sizes", default=None,
+                    help="only these sizes, comma-separated (e.g. 4096)")
     ap.add_argument("--match", default=None,
                     help="only programs whose name holds this text (e.g. 'as written')")
     args = ap.parse_args(argv)
@@ -743,6 +754,8 @@ def main(argv=None) -> int:
             continue
         for case in group_cases:
             if args.match and args.match not in case.program:
+                continue
+            if args.sizes and case.size not in {int(n) for n in args.sizes.split(",")}:
                 continue
             elapsed = time.perf_counter() - t_start
             est = case.est_s * (len(forms) + 3) / 3

@@ -134,3 +134,51 @@ def test_one_core_pins_every_thread_and_restores(runner):
     finally:
         stop.set()
         worker.join()
+
+
+def test_never_worse_sweep_end_to_end(tmp_path, runner):
+    """bench/never_worse_sweep.py on three tiny drawn programs (the TPU's decisions, emulated):
+    every one measured against jax.jit and its A/A, one JSON line each as it goes; --resume
+    measures only what the file lacks, and a program started and never finished is not
+    measured again."""
+    import never_worse_sweep as W
+    out = str(tmp_path)
+    common = ["--out", out, "--sizes", "64", "--max-rounds", "2", "--target", "tpu"]
+    assert W.main(common + ["--n", "2", "--budget", "300"]) == 0
+    path = tmp_path / W.FILE
+    records = W.load(str(path))
+    results = [r for r in records if r["kind"] == "result"]
+    assert len(results) == 2 and all(r["size"] == 64 for r in results)
+    for r in results:
+        m = r["final"]
+        assert m["bits"] and m["aa_bits"] and m["contract"] == "ok"      # tiny: no noise kind
+        assert m["run_ms"]["jit"] > 0 and m["compile_s"]["opt"] > 0 and m["aa_run"] > 0
+        assert r["violations"] == W.violations(m)
+    with pytest.raises(SystemExit):                  # an existing file needs --resume
+        W.main(common + ["--n", "2"])
+    # a third program whose measurement never ended: recorded, not measured again
+    third = W.at_size(W.draw(3, 0, max_rounds=2)[2], 64)
+    W.append(str(path), dict(kind="start", recipe=repr(third), size=64, index=2))
+    assert W.main(common + ["--n", "3", "--resume", "--budget", "300"]) == 0
+    records = W.load(str(path))
+    assert len([r for r in records if r["kind"] == "result"]) == 2
+    assert W.status(records)[(repr(third), 64)] == "unfinished"
+    assert "unfinished 1" in W.summary(records)
+    # the next device call starts in an empty folder, from the last call's file
+    fresh = tmp_path / "next"
+    assert W.main(["--out", str(fresh), "--start-from", str(path), "--sizes", "64",
+                   "--max-rounds", "2", "--n", "3", "--budget", "0"]) == 0
+    assert W.load(str(fresh / W.FILE))[:len(records)] == records
+
+
+def test_never_worse_sweep_rule(runner):
+    """Issue 45's rule: run <= 1.05x; compile <= 3x unless the run is <= 0.67x; a run ratio
+    of a program compiled to jax.jit's own HLO is noise."""
+    import never_worse_sweep as W
+    m = dict(run=1.0, compile=1.0, same=False, contract="ok")
+    assert W.violations(m) == []
+    assert W.violations(dict(m, run=1.06))[0].startswith("run 1.06x")
+    assert W.violations(dict(m, run=1.06, same=True)) == []
+    assert W.violations(dict(m, compile=3.5, run=0.66)) == []
+    assert W.violations(dict(m, compile=3.5, run=0.9))[0].startswith("compile 3.50x")
+    assert W.violations(dict(m, contract="differs"))[0].startswith("outputs differ")
