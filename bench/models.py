@@ -8,6 +8,8 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
 * `compile_jit_s`, `compile_opt_s`, `compile_ratio`: `.lower()` + `.compile()` seconds (the
   rewrite runs in the trace, so it is not in these);
 * `run_ratio`: one step, optimize / jax.jit;
+* `compile_aa`, `run_aa`: the same ratios for a second `jax.jit` of the step (the A/A control,
+  measured in the same rounds): how far a ratio moves on this machine with nothing changed;
 * `rewrite_s`: `jaxrewrite.rewrite_jaxpr` of the step's jaxpr (every pass, the first call);
 * `reroll_share`: the reroll pass's own seconds in a second rewrite (the process warm, an
   autotuned choice cached) over `compile_jit_s`;
@@ -20,6 +22,8 @@ the step is loss, gradient and an optax adam update. Models: Flax NNX, Flax Line
     python bench/models.py --unstack [--layers 16] [--repeats 3]
 
     python bench/models.py --floor [--layers 16,32] [--models nnx,linen,linen_remat] [--repeats 3]
+
+    python bench/models.py --phases [--layers 32] [--models nnx,linen] [--repeats 3]
 
 `--unstack` measures why a rolled Flax step compiled slowly on XLA:CPU (compile seconds only,
 written to `results/models_unstack.json`): the adam update of one block's 12 parameter leaves x
@@ -34,6 +38,11 @@ gradients returned as they are (no per-layer unstacking).
 `--floor` measures what a rolled step can reach (compile seconds only, written to
 `results/models_floor.json`): the step, `jax.jit` and rolled; its gradient, `jax.jit` and rolled
 with the stacked gradients returned; and the optax update alone, which stays per leaf.
+
+`--phases` splits one compile of the step, `jax.jit` and rolled, into XLA:CPU's own phases
+(written to `results/models_phases.json`): its HLO passes and its code generation (thunks and
+LLVM), in seconds from XLA's timers (each compile in a child process with XLA's logging on), and
+the fusions that reused a kernel already generated for an identical fusion (`reused_kernels`).
 
 `--autotune` passes `autotune="time"`: the rolled program is kept only where it measured faster
 to compile and no slower to run (`backend.cost.REROLL_TIMED`); the measuring (both programs compiled
@@ -63,6 +72,7 @@ import jaxrewrite
 
 NAME = "models"
 COLUMNS = ("model", "N", "compile_jit_s", "compile_opt_s", "compile_ratio", "run_ratio",
+           "compile_aa", "run_aa",
            "rewrite_s", "reroll_share", "scans", "lengths", "max_rel_diff")
 
 D, HEADS, SEQ, BATCH, VOCAB = 128, 4, 64, 4, 256
@@ -267,14 +277,16 @@ def row(model: str, n: int, repeats: int = 5, **options) -> dict:
     # the pass's own time once the process is warm (the first rewrite in a process also pays
     # JAX's one-time tracing of scan/cond machinery); with autotune the choice is cached by now
     warm = jaxrewrite.rewrite_jaxpr_with_report(cj, **opts).report.timings.get("pass.reroll", 0.0)
-    ph = paired_phases({"jit": lambda: jax.jit(step), "opt": lambda: jaxrewrite.optimize(step, **opts)},
-                       args, repeats=repeats)
+    ph = paired_phases({"jit": lambda: jax.jit(step), "opt": lambda: jaxrewrite.optimize(step, **opts),
+                        "jit2": lambda: jax.jit(step)}, args, repeats=repeats)
     comp = {k: v["lower"] + v["compile"] for k, v in ph.items()}
-    fj, fo = ph["jit"]["compiled"], ph["opt"]["compiled"]
-    run = paired({"jit": lambda: fj(*args), "opt": lambda: fo(*args)}, repeats=max(repeats, 5))
+    fj, fo, fa = ph["jit"]["compiled"], ph["opt"]["compiled"], ph["jit2"]["compiled"]
+    run = paired({"jit": lambda: fj(*args), "opt": lambda: fo(*args), "jit2": lambda: fa(*args)},
+                 repeats=max(repeats, 5))
     diff = _max_rel(block(fo(*args))[1], block(fj(*args))[1])
     return dict(model=model, N=n, compile_jit_s=comp["jit"], compile_opt_s=comp["opt"],
                 compile_ratio=comp["opt"] / comp["jit"], run_ratio=run["opt"] / run["jit"],
+                compile_aa=comp["jit2"] / comp["jit"], run_aa=run["jit2"] / run["jit"],
                 rewrite_s=rewrite_s,
                 # the reroll pass against jax.jit's own lower + compile (issue 15: under 10%)
                 reroll_share=warm / comp["jit"],
@@ -467,6 +479,52 @@ def floor_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
     return [r]
 
 
+# --- where XLA:CPU's compile time goes (--phases) ----------------------------------------------
+
+PHASES_COLUMNS = ("model", "N", "form", "hlo_passes_s", "codegen_s", "reused_kernels")
+# XLA's timers (VLOG 1 of these files) and its thunk emitter's line for a fusion whose kernel is
+# one it already generated
+_XLA_VMODULE = "cpu_compiler=1,thunk_emitter=1"
+_CHILD = """
+import sys; sys.path[:0] = {path!r}
+import jax, jaxrewrite, models
+step, args = models.build({model!r}, {n})
+f = jax.jit(step) if {form!r} == "jit" else jaxrewrite.optimize(step, reroll=True)
+f.trace(*args).lower().compile()
+"""
+
+
+def _timer_s(log: str, name: str) -> float:
+    """The last reading of XLA timer `name` in `log` (`... <name> time: 1.23 s (1234567 us)`)."""
+    import re
+    hits = re.findall(re.escape(name) + r" time: [^(]*\((\d+) us\)", log)
+    return int(hits[-1]) / 1e6 if hits else float("nan")
+
+
+def phases_rows(model: str, n: int, repeats: int = 3) -> list[dict]:
+    """Medians over `repeats` compiles (each in a fresh child process, jax.jit and rolled taken
+    in turn) of XLA:CPU's HLO-pass and code-generation seconds for the step, and its reused
+    kernels."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE=_XLA_VMODULE)
+    samples = {f: [] for f in ("jit", "rolled")}
+    for _ in range(repeats):
+        for form in samples:
+            code = _CHILD.format(path=[here, os.path.dirname(here)], model=model, n=n, form=form)
+            log = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True, check=True).stderr
+            hlo = "Running HLO passes on [jit_step] for CPU"   # logged as the passes end
+            samples[form].append((_timer_s(log, hlo),
+                                  _timer_s(log, "Compiling [jit_step] for CPU using JIT"),
+                                  log[log.rfind(hlo):].count("Reusing kernel")))
+    return [dict(model=model, N=n, form=form,
+                 hlo_passes_s=statistics.median(s[0] for s in v),
+                 codegen_s=statistics.median(s[1] for s in v),
+                 reused_kernels=statistics.median(s[2] for s in v))
+            for form, v in samples.items()]
+
+
 if __name__ == "__main__":
     from _common import markdown_table, write_results
 
@@ -494,6 +552,20 @@ if __name__ == "__main__":
                 print(rows[-1], flush=True)
         print(markdown_table(rows, FLOOR_COLUMNS))
         print(f"\nwritten {write_results(NAME + '_floor', rows, dict(layers=layers))}")
+        sys.exit(0)
+    if "--phases" in sys.argv[1:]:
+        layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or (32,)
+        models = _arg("--models", lambda s: s.split(",")) or ["nnx", "linen"]
+        rows = []
+        for m in models:
+            if missing(m):
+                print(f"models --phases: {m} skipped (missing {missing(m)})")
+                continue
+            for n in layers:
+                rows += phases_rows(m, n, _arg("--repeats", int, 3))
+                print(rows[-2:], flush=True)
+        print(markdown_table(rows, PHASES_COLUMNS))
+        print(f"\nwritten {write_results(NAME + '_phases', rows, dict(layers=layers))}")
         sys.exit(0)
     options = {"autotune": "time"} if "--autotune" in sys.argv[1:] else {}
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))

@@ -182,3 +182,18 @@ def test_never_worse_sweep_rule(runner):
     assert W.violations(dict(m, compile=3.5, run=0.66)) == []
     assert W.violations(dict(m, compile=3.5, run=0.9))[0].startswith("compile 3.50x")
     assert W.violations(dict(m, contract="differs"))[0].startswith("outputs differ")
+
+
+def test_models_phases_reads_xla_timers(runner):
+    """`models.py --phases` takes a timer's last reading, in XLA's exact microseconds, and a
+    timer that never logged reads as NaN (a compile whose logging was off is not a zero)."""
+    import math
+
+    import models
+    name = "Running HLO passes on [jit_step] for CPU"
+    log = (f"I1207 03:05:39.50 8533 cpu_compiler.cc:1215] {name} time: 1.20 s (1204000 us) "
+           "(cumulative: 1.2 s, max: 1.2 s, #called: 1)\n"
+           f"I1207 03:05:44.93 8533 cpu_compiler.cc:1215] {name} time: 5.52 s (5524836 us) "
+           "(cumulative: 6.7 s, max: 5.52 s, #called: 2)\n")
+    assert models._timer_s(log, name) == 5.524836
+    assert math.isnan(models._timer_s(log, "Compiling [jit_step] for CPU using JIT"))
