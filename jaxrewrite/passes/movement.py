@@ -16,6 +16,7 @@ from typing import Callable
 from .. import _compat as C
 from ..analysis import exact as _exact
 from .. import _walk
+from ..report.records import Report
 
 PASS = "movement"
 
@@ -367,7 +368,6 @@ def _moved_into(body, eqn, ctx):
     jaxpr = C.replace_jaxpr(body.jaxpr, eqns=list(body.jaxpr.eqns) + [
         C.new_eqn([out], [moved], eqn.primitive, eqn.params, None, eqn.source_info, eqn.ctx)],
         outvars=[moved])
-    from ..report.records import Report
     scratch = Report()   # the probe's own rewrites: one is recorded, the move, if it pays
     for _ in range(8):
         jaxpr, changed = simplify(jaxpr, scratch, ctx=ctx)
