@@ -187,8 +187,9 @@ def _rewriting(fun: Callable, options: Options, jit_kw: dict | None = None,
 
 
 # Fallback by pass: a rewritten program that fails to be staged, lowered or compiled is made
-# again, from the program as traced, without the last pass that changed it; where that one
-# fails too, without the pass before it as well; after `_MAX_REWRITES` such programs (or where
+# again, from the program as traced, without the pass laid at the failure (the last that changed
+# it; where a Pallas kernel failed, the last that emits kernels: `_pipeline.laid_at`); where that
+# one fails too, without the next such pass as well; after `_MAX_REWRITES` programs (or where
 # no pass is left to drop), the program as traced runs. A failing pass costs its own gain only.
 _MAX_REWRITES = 3
 _TELL_LOCK = threading.Lock()
