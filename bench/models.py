@@ -539,33 +539,24 @@ if __name__ == "__main__":
         print(markdown_table(rows, UNSTACK_COLUMNS))
         print(f"\nwritten {write_results(NAME + '_unstack', rows, dict(layers=n))}")
         sys.exit(0)
-    if "--floor" in sys.argv[1:]:
-        layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or (16, 32)
-        models = _arg("--models", lambda s: s.split(",")) or ["nnx", "linen", "linen_remat"]
+    for mode, rows_of, layers0, models0, columns in (
+            ("floor", floor_rows, (16, 32), ["nnx", "linen", "linen_remat"], FLOOR_COLUMNS),
+            ("phases", phases_rows, (32,), ["nnx", "linen"], PHASES_COLUMNS)):
+        if f"--{mode}" not in sys.argv[1:]:
+            continue
+        layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or layers0
+        models = _arg("--models", lambda s: s.split(",")) or models0
         rows = []
         for m in models:
             if missing(m):
-                print(f"models --floor: {m} skipped (missing {missing(m)})")
+                print(f"models --{mode}: {m} skipped (missing {missing(m)})")
                 continue
             for n in layers:
-                rows += floor_rows(m, n, _arg("--repeats", int, 3))
-                print(rows[-1], flush=True)
-        print(markdown_table(rows, FLOOR_COLUMNS))
-        print(f"\nwritten {write_results(NAME + '_floor', rows, dict(layers=layers))}")
-        sys.exit(0)
-    if "--phases" in sys.argv[1:]:
-        layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(","))) or (32,)
-        models = _arg("--models", lambda s: s.split(",")) or ["nnx", "linen"]
-        rows = []
-        for m in models:
-            if missing(m):
-                print(f"models --phases: {m} skipped (missing {missing(m)})")
-                continue
-            for n in layers:
-                rows += phases_rows(m, n, _arg("--repeats", int, 3))
-                print(rows[-2:], flush=True)
-        print(markdown_table(rows, PHASES_COLUMNS))
-        print(f"\nwritten {write_results(NAME + '_phases', rows, dict(layers=layers))}")
+                new = rows_of(m, n, _arg("--repeats", int, 3))
+                rows += new
+                print(new, flush=True)
+        print(markdown_table(rows, columns))
+        print(f"\nwritten {write_results(NAME + '_' + mode, rows, dict(layers=layers))}")
         sys.exit(0)
     options = {"autotune": "time"} if "--autotune" in sys.argv[1:] else {}
     layers = _arg("--layers", lambda s: tuple(int(x) for x in s.split(",")))
