@@ -23,7 +23,7 @@ One row per options set:
 - `verdict` against the promise: run <= 1.05x jax.jit, compile <= 1.10x unless the run is at
   least 1.5x faster. The A/A ratios are shown so the noise a verdict stands on is visible.
 
-`--quick` (CI): 3 compile rounds and 11 run samples instead of 5 and 21. Without the libraries it
+`--quick` (CI): QUICK's compile rounds and run samples instead of FULL's. Without the libraries it
 prints why and returns no rows. `tests/corpus/` checks the same rows under the contract and the
 promise (with the A/A noise as slack).
 """
@@ -62,6 +62,9 @@ LIBRARIES = {"jumanji": "jumanji", "gymnax": "gymnax", "netket": "netket",
 # options sets, each a row: the defaults, and reroll=True
 OPTIONS = {"defaults": {}, "reroll": {"reroll": True}}
 VARIANTS = ("jit", "jit_aa", *OPTIONS)
+# (compile rounds, run samples) of a quick measurement (CI) and of a full one. A run sample costs
+# about 20 ms; a compile up to 8 s (qujax's gradient): samples are many, compile rounds few.
+QUICK, FULL = (2, 31), (5, 41)
 
 
 def missing() -> list[str]:
@@ -348,7 +351,8 @@ def _rounds(variants: dict, rounds: int, sample: Callable) -> dict[str, list]:
 def measure(p: Program, direction: str, rounds: int = 5, samples: int = 21) -> dict:
     """Compile (fresh caches) and run time of every variant in the same rounds, the order
     rotated (medians): {variant: {"total", "xla", "run"}} in seconds, "compiled": each
-    variant's executable and "reports": each options set's rewrite report.
+    variant's executable, "reports": each options set's rewrite report, and "executables":
+    every compilation made, for `resample`.
 
     Run samples go round every executable the compile rounds made: one compilation of a
     program can run a few percent faster or slower than another of the same program (the same
@@ -369,10 +373,22 @@ def measure(p: Program, direction: str, rounds: int = 5, samples: int = 21) -> d
 
     ph = _rounds(make, rounds, compile_once)
     compiled = {k: cs[-1] for k, cs in executables.items()}   # each variant's last compile
-    inner = _common.calls_per_sample(lambda a: compiled["jit"](*a), args, 0.02)
     for cs in executables.values():
         for c in cs:
             _common.block(c(*args))                       # warm: first calls are not samples
+    med = statistics.median
+    m = {k: dict(total=med([sum(x[s] for s in _PHASES) for x in ph[k]]),
+                 xla=med([x["compile"] for x in ph[k]])) for k in VARIANTS}
+    m |= {"compiled": compiled, "reports": reports, "executables": executables, "args": args}
+    return resample(m, samples)
+
+
+def resample(m: dict, samples: int) -> dict:
+    """`m` with every variant's run time measured again (`samples` paired rounds over the
+    compilations `measure` made; nothing is compiled): a run that missed the promise is
+    measured again for what a run costs, not for twelve compiles."""
+    executables, args = m["executables"], m["args"]
+    inner = _common.calls_per_sample(lambda a: m["compiled"]["jit"](*a), args, 0.02)
     drawn = {k: 0 for k in executables}
 
     def run_once(k):
@@ -384,11 +400,8 @@ def measure(p: Program, direction: str, rounds: int = 5, samples: int = 21) -> d
         _common.block(out)
         return (time.perf_counter() - t) / inner
 
-    run = _rounds(compiled, samples, run_once)
-    med = statistics.median
-    return {k: dict(total=med([sum(x[s] for s in _PHASES) for x in ph[k]]),
-                    xla=med([x["compile"] for x in ph[k]]), run=med(run[k]))
-            for k in VARIANTS} | {"compiled": compiled, "reports": reports}
+    run = _rounds(executables, samples, run_once)
+    return m | {k: m[k] | dict(run=statistics.median(run[k])) for k in VARIANTS}
 
 
 def ratios(m: dict, options: str) -> dict:
@@ -413,7 +426,7 @@ def verdict(r: dict, slack: bool = False) -> str:
 
 
 def rows_for(p: Program, direction: str, quick: bool) -> list[dict]:
-    m = measure(p, direction, rounds=3 if quick else 5, samples=11 if quick else 21)
+    m = measure(p, direction, *(QUICK if quick else FULL))
     rows = []
     for options in OPTIONS:
         c = check(p, direction, options, m)

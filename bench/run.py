@@ -1,7 +1,7 @@
 """Run every benchmark, write JSON, markdown tables and PNG charts.
 
-    python bench/run.py [--quick] [--only NAME[,NAME...]] [--gpu-target h200] [--out DIR]
-                        [--no-charts] [--update-readme]
+    python bench/run.py [--quick] [--only NAME[,NAME...]] [--skip NAME[,NAME...]]
+                        [--gpu-target h200] [--out DIR] [--no-charts] [--update-readme]
 
 Runs each `bench/<name>.py` that exposes `NAME` and `main(quick)` (the known ones first: seed,
 dedup, gathers, permutations, scale; then any other), one after the other in this process,
@@ -47,12 +47,12 @@ _NOT_BENCHES = {"run", "never_worse", "keccak", "author_chacha", "accelerator", 
                 "tpu_kernel", "batched_updates", "threefry", "tpu_layers", "never_worse_sweep"}
 
 
-def discover(only: list[str] | None) -> list[str]:
+def discover(only: list[str] | None, skip: list[str] = ()) -> list[str]:
     present = sorted(f[:-3] for f in os.listdir(HERE)
                      if f.endswith(".py") and not f.startswith("_") and f[:-3] not in _NOT_BENCHES)
     if only:
         return only
-    return list(KNOWN) + [n for n in present if n not in KNOWN]
+    return [n for n in list(KNOWN) + [n for n in present if n not in KNOWN] if n not in skip]
 
 
 def run_one(name: str, quick: bool, gpu_target: str | None) -> tuple[list[dict], dict]:
@@ -216,6 +216,8 @@ def command_line(args) -> str:
         parts.append("--quick")
     if args.only:
         parts.append(f"--only {args.only}")
+    if getattr(args, "skip", ""):
+        parts.append(f"--skip {args.skip}")
     if args.gpu_target:
         parts.append(f"--gpu-target {args.gpu_target}")
     return " ".join(parts)
@@ -278,6 +280,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (CI)")
     ap.add_argument("--only", default=None, help="comma-separated benchmark names")
+    ap.add_argument("--skip", default="", help="comma-separated names not to run (CI: those an "
+                    "earlier step ran)")
     ap.add_argument("--gpu-target", default=None, help="also count kernels for this GPU (h200)")
     ap.add_argument("--out", default=_common.RESULTS, help="results folder (bench/results)")
     ap.add_argument("--no-charts", action="store_true")
@@ -290,7 +294,8 @@ def main(argv=None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     _common.RESULTS = out  # write_results writes there
-    names = discover(args.only.split(",") if args.only else None)
+    names = discover(args.only.split(",") if args.only else None,
+                     [n for n in args.skip.split(",") if n])
     cmd = command_line(args)
     failures: dict[str, str] = {}
     sections, summary = [], []

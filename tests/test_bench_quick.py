@@ -197,3 +197,14 @@ def test_models_phases_reads_xla_timers(runner):
            "(cumulative: 6.7 s, max: 5.52 s, #called: 2)\n")
     assert models._timer_s(log, name) == 5.524836
     assert math.isnan(models._timer_s(log, "Compiling [jit_step] for CPU using JIT"))
+
+
+def test_skip_leaves_out_what_an_earlier_ci_step_ran(runner):
+    """`--skip` drops names from the discovered list (.ci/run: seed and scale ran in
+    earlier steps); `--only` still names exactly what runs."""
+    every = runner.discover(None)
+    assert {"seed", "scale", "faults", "dedup"} <= set(every)
+    kept = runner.discover(None, ["seed", "scale", "faults"])
+    assert kept == [n for n in every if n not in ("seed", "scale", "faults")]
+    assert runner.discover(["seed"], ["seed"]) == ["seed"]
+    assert not set(kept) & runner._NOT_BENCHES

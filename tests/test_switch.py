@@ -396,3 +396,33 @@ def test_python_m_jaxrewrite_options(tmp_path):
     assert len(lines) == 1 and "gathers 1" not in lines[0]
     bad = _run_module(tmp_path, "--option", "nonsense=1", log=False)
     assert bad.returncode == 2 and "nonsense" in bad.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_pytest_plugin_counts_the_programs_of_every_worker(tmp_path, workers):
+    """`-p jaxrewrite.testing_switch` turns the switch on in each process pytest runs, xdist's
+    workers included (tests/clients/library_suites.py runs Haiku's and Optax's suites with
+    `-n 2`), and the summary line counts the programs of all of them, not the controller's 0."""
+    if workers > 1:
+        pytest.importorskip("xdist")
+    for i in range(4):   # four shapes: four programs, each a reversal that the switch rewrites
+        (tmp_path / f"test_{i}.py").write_text(textwrap.dedent(f"""
+            import jax, jax.numpy as jnp, numpy as np
+            def test_{i}():
+                x = jnp.arange({i + 4}.0)
+                y = jax.jit(lambda x: x[np.arange({i + 3}, -1, -1)] * 2)(x)
+                assert (np.asarray(y) == np.arange({i + 3}, -1, -1) * 2).all()
+            """))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "jaxrewrite.testing_switch", "-c", str(tmp_path / "pytest.ini"),
+           "--rootdir", str(tmp_path), str(tmp_path)]
+    if workers > 1:
+        cmd[3:3] = ["-n", str(workers)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXREWRITE_SWITCH_OPTIONS="target=cpu")
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("jaxrewrite switch:")]
+    assert line == ["jaxrewrite switch: 4 programs traced through a rewrite, 4 changed by it, "
+                    "0 fell back"], done.stdout[-2000:]

@@ -6,7 +6,8 @@ through `optimize(..., strict=True)`, under the defaults and under `reroll=True`
   compile, fresh caches) <= 1.10x unless the run is >= 1.5x faster. Measured in paired rounds
   with a second `jax.jit` as the A/A control; each bound is widened by how far the A/A control
   was from 1 in the same rounds, run samples go round every compilation made, and a miss is
-  measured again, twice, with more rounds: it counts only if every measurement misses.
+  measured again, twice (a run's first by sampling again, without compiling): it counts only
+  if every measurement misses.
 
 Each program and direction is compiled and measured once (all four variants in the same rounds)
 and the contract is checked on the executables measured: the whole step has to stay within a
@@ -49,14 +50,17 @@ def program(make):
     return _built[make]
 
 
-def measured(make, direction, again: bool = False):
-    """The variants' times and executables for one program and direction (quick rounds; `again`:
-    a second measurement with more rounds, replacing the first)."""
+def measured(make, direction, again: str = ""):
+    """The variants' times and executables for one program and direction (corpus.QUICK);
+    `again="run"`: their run times sampled again, twice as many, nothing compiled;
+    `again="compile"`: everything measured again with corpus.FULL's rounds."""
     key = (make, direction)
-    if again or key not in _measured:
+    if again == "run":
+        _measured[key] = corpus.resample(_measured[key], 2 * corpus.QUICK[1])
+    elif again or key not in _measured:
         _measured.pop(key, None)
-        rounds, samples = (5, 21) if again else (3, 11)
-        _measured[key] = corpus.measure(program(make), direction, rounds=rounds, samples=samples)
+        _measured[key] = corpus.measure(program(make), direction,
+                                        *(corpus.FULL if again else corpus.QUICK))
     return _measured[key]
 
 
@@ -93,6 +97,8 @@ def test_within_contract(make, direction, options, record_property):
 def test_never_worse(make, direction, options, record_property):
     """Within the promise, the A/A spread as slack; a miss is measured again, twice, and
     counts only if every measurement misses (rows in KNOWN_SLOW are not: their miss is known).
+    A run that missed is first sampled again over the same compilations; a compile that
+    missed, and a run that missed twice, are compiled again with more rounds.
     On this 2-core machine one compilation of a program ran up to 10% faster or slower than
     another of the same program; Snake's defaults and reroll rows, the same HLO, once read
     1.00x and 1.08x, twice. A real regression misses every time."""
@@ -100,7 +106,11 @@ def test_never_worse(make, direction, options, record_property):
     known = (make.__name__, direction, options) in KNOWN_SLOW
     seen = [r]
     while corpus.verdict(r, slack=True) != "ok" and not known and len(seen) < 3:
-        r = corpus.ratios(measured(make, direction, again=True), options)
+        # a run that missed is sampled again first (no compile); a compile that missed, and a
+        # run that missed twice (its compilations may all be slow ones), compiled again
+        missed = corpus.verdict(r, slack=True)
+        again = "compile" if "compile" in missed or len(seen) == 2 else "run"
+        r = corpus.ratios(measured(make, direction, again=again), options)
         seen.append(r)
     record_property("ratios", seen)
     miss = corpus.verdict(r, slack=True)
