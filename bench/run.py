@@ -52,7 +52,8 @@ def discover(only: list[str] | None, skip: list[str] = ()) -> list[str]:
                      if f.endswith(".py") and not f.startswith("_") and f[:-3] not in _NOT_BENCHES)
     if only:
         return only
-    return [n for n in list(KNOWN) + [n for n in present if n not in KNOWN] if n not in skip]
+    ordered = list(KNOWN) + [n for n in present if n not in KNOWN]
+    return [n for n in ordered if n not in skip]
 
 
 def run_one(name: str, quick: bool, gpu_target: str | None) -> tuple[list[dict], dict]:
@@ -216,7 +217,7 @@ def command_line(args) -> str:
         parts.append("--quick")
     if args.only:
         parts.append(f"--only {args.only}")
-    if getattr(args, "skip", ""):
+    if args.skip:
         parts.append(f"--skip {args.skip}")
     if args.gpu_target:
         parts.append(f"--gpu-target {args.gpu_target}")

@@ -43,7 +43,7 @@ def pytest_sessionfinish(session):
     """On an xdist worker: send this process's counts to the controller."""
     out = getattr(session.config, "workeroutput", None)
     if out is not None:
-        out[_KEY] = {k: _switch.STATS[k] for k in ("traced", "rewritten", "fell_back")}
+        out[_KEY] = dict(_switch.STATS)
 
 
 @pytest.hookimpl(optionalhook=True)   # an xdist hook: absent without xdist
@@ -53,7 +53,7 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
-    s = {k: _switch.STATS[k] + _WORKERS.get(k, 0) for k in ("traced", "rewritten", "fell_back")}
+    s = {k: v + _WORKERS.get(k, 0) for k, v in _switch.STATS.items()}
     terminalreporter.write_line(
         f"jaxrewrite switch: {s['traced']} programs traced through a rewrite, "
         f"{s['rewritten']} changed by it, {s['fell_back']} fell back")

@@ -105,10 +105,9 @@ def test_never_worse(make, direction, options, record_property):
     r = corpus.ratios(measured(make, direction), options)
     known = (make.__name__, direction, options) in KNOWN_SLOW
     seen = [r]
-    while corpus.verdict(r, slack=True) != "ok" and not known and len(seen) < 3:
+    while (missed := corpus.verdict(r, slack=True)) != "ok" and not known and len(seen) < 3:
         # a run that missed is sampled again first (no compile); a compile that missed, and a
         # run that missed twice (its compilations may all be slow ones), compiled again
-        missed = corpus.verdict(r, slack=True)
         again = "compile" if "compile" in missed or len(seen) == 2 else "run"
         r = corpus.ratios(measured(make, direction, again=again), options)
         seen.append(r)
