@@ -109,6 +109,35 @@ def test_a_slice_of_the_major_axis_is_still_taken():
     assert "gather" not in counts and counts.get("slice") == 1
 
 
+def _arx_23_rounds(batch):
+    from jaxrewrite.strategies import ArxRecipe
+    return ArxRecipe(shape=(2, 8), dtype="uint32", rounds=23, batch=batch, seed=53,
+                     message=False, fanout=1, quarter=True, undo=False, out="xor", wrap="")
+
+
+def test_a_split_no_kernel_takes_stays_within_the_tpu_s_compile_limit():
+    """The never-worse sweep on the chip (Dec 7): an ARX level split from 210 to 2,960
+    equations compiled 5.6-15.5x jax.jit at 4,096 blocks for a run of 0.98-1.01x, since XLA:TPU
+    compiles the pieces as fusions of their own; at 65,536 the kernel takes the same split and
+    it ran 0.43-0.73x. So below the kernel's minimum the TPU declines such a split, with the
+    reason; where a kernel will take it (larger pieces, or `kernel=True`) it splits."""
+    small = _arx_23_rounds(4096)
+    res = _rewrite(small.fn, *small.args, target="tpu")
+    assert "scalarize" not in res.report.stats["changed_by"]
+    reasons = [d.reason for d in res.report.declines if d.pass_name == "scalarize"]
+    assert any("no kernel takes" in r and "compile time" in r for r in reasons), reasons
+    assert_bitwise_equal(jaxrewrite.optimize(small.fn, target="tpu")(*small.args),
+                         jax.jit(small.fn)(*small.args))
+    forced = _rewrite(small.fn, *small.args, target="tpu", kernel=True)
+    assert "scalarize" in forced.report.stats["changed_by"]
+    shapes = [jax.ShapeDtypeStruct((65536,) + a.shape[1:], a.dtype) for a in small.args]
+    res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(_arx_23_rounds(65536).fn)(*shapes),
+                                               target="tpu")
+    assert "scalarize" in res.report.stats["changed_by"]
+    # the GPU's row has no such limit: one fusion grows instead
+    assert "scalarize" in _rewrite(small.fn, *small.args, target="gpu").report.stats["changed_by"]
+
+
 def test_padded_elements_model():
     assert cost.padded_elements((65536, 64), (8, 128)) == 65536 * 128
     assert cost.padded_elements((65536, 32, 2), (8, 128)) == 65536 * 32 * 128
@@ -145,3 +174,24 @@ def test_the_chip_s_training_step_table_runs_on_any_host():
     assert by["plain"]["scans"] == 0 and by["switch reroll=True"]["scans"] >= 1
     assert all(r["loss_rel"] <= 1e-3 for r in rows), rows
     assert by["plain"]["first_call_ratio"] == 1.0 and by["plain"]["step_ratio"] == 1.0
+
+
+def test_the_mosaic_dump_bench_runs_on_any_host(tmp_path):
+    """bench/tpu_dump.py (issue 44, item 4, run on the chip): the pass's kernel and the hand-made
+    one at 4,096 blocks in Pallas's interpreter, RFC 8439's block from both; and its reading of
+    a Mosaic dump's last stage: the operations of the loop counted apart."""
+    import tpu_dump
+    rows = tpu_dump.main(["--quick", "author", "hand"])
+    assert [r["program"] for r in rows] == ["author", "hand"]
+    assert all(r.get("exact") is True for r in rows), rows
+    (tmp_path / "k-0018-mosaic-dump-anonymous-post-finalize-llo.txt").write_text(
+        "%0 = llo.vector_load %arg1 : i32 -> vector<8x128xi32>\n"
+        "%1 = scf.for %i = %a to %b step %c iter_args(%x = %0) {\n"
+        "  %2 = llo.vadd.s32 %x, %x : vector<8x128xi32>\n"
+        "  %3 = llo.vshll.u32 %2, %2 : vector<8x128xi32>\n"
+        "  scf.yield %3\n"
+        "}\n"
+        "%4 = llo.vadd.s32 %1, %0 : vector<8x128xi32>\n")
+    (kernel,) = tpu_dump.llo_ops(str(tmp_path))
+    assert kernel["ops"] == {"vadd": 2, "vector_load": 1, "vshll": 1}
+    assert kernel["loop_ops"] == {"vadd": 1, "vshll": 1}

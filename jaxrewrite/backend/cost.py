@@ -69,6 +69,17 @@ class TargetCosts:
     # and the split's strided loops gain nothing certain. From 4,096 every one measured ran faster.
     # GPU: kernels, not loops, cost: no minimum.
     min_piece_elements: int = 0
+    # Where no kernel will take the split (pieces below `kernel_min_elements`), the most a level
+    # may grow: a split past both `nokernel_max_eqns` equations and `nokernel_max_growth` times
+    # its own is declined (0: no such limit). TPU v5e, the never-worse sweep at 4,096 (Dec 7,
+    # bench/never_worse_sweep.py, `bench/results/never_worse_sweep_tpu.jsonl`): XLA:TPU compiles
+    # the split pieces as fusions of their own, and ARX levels split from 47-256 to 640-3,328
+    # equations (10.7-14.1x) compiled 3.1-15.5x `jax.jit` for runs of 0.93-1.07x; 496-512
+    # equations (7.5-10.8x) compiled 2.5-2.9x, and no split there ran faster than 0.92x. Kept
+    # below both: Salsa20/8 (349 -> 1,048 equations, 3.0x: compile 1.19x), bitonic sorts of 16
+    # keys (40 -> 480: 1.84x), switch tables (up to 2.6x growth: runs 0.09-0.24x).
+    nokernel_max_eqns: int = 0
+    nokernel_max_growth: float = 0.0
     # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
     # original and the split form. GPU: a kernel launch is the cost, so fewer kernels wins and a
     # tie goes to the model. CPU: fewer fusions is not faster (ChaCha20: take form 20 fusions,
@@ -242,7 +253,9 @@ class TargetCosts:
     # (N, 4, 4) state) into the kernel's input. TPU v5e, ChaCha20 by hand (issue 41): one
     # kernel of 8-32 rows, the 10 double rounds inside, 1.0-1.2 ms at 1,048,576 blocks on
     # word-major data, 2.0-2.2 ms with the transposes from and to (N, 4, 4), against XLA's
-    # 4.6 ms for the split program (36-79 launches). The pass's own kernels, measured on the
+    # 4.6 ms for the split program (36-79 launches); the same design by hand on Dec 7
+    # (bench/tpu_dump.py): 1.80-1.89 ms, with the same 320 vector operations a loop trip as
+    # the pass's kernel. The pass's own kernels, measured on the
     # chip (bench/tpu_kernel.py, Dec 6): the TPU row's entries, there. `kernel_min_eqns` (for
     # straight-line regions) and input fusion (it changed nothing: 2.05 against 2.04 ms) as
     # they were.
@@ -301,7 +314,8 @@ COSTS: dict[str, TargetCosts] = {
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
-                       threefry_min_elements=0, kernel_generator_rows=2048),
+                       threefry_min_elements=0, kernel_generator_rows=2048,
+                       nokernel_max_eqns=600, nokernel_max_growth=8.0),
 }
 
 
@@ -466,8 +480,10 @@ def scalarize_piece_bound(largest: int, target: str | None, mode) -> str | None:
     return None
 
 
-def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | None:
-    """None to go ahead, or the reason to decline. `mode` is the `scalarize` option.
+def scalarize_decision(plan: ScalarizePlan, target: str | None, mode,
+                       kernel="auto") -> str | None:
+    """None to go ahead, or the reason to decline. `mode` is the `scalarize` option, `kernel`
+    the `kernel` option (a split no kernel will take compiles as fusions: `nokernel_max_*`).
 
     Both modes: splitting must remove a permutation, keep equations within the compile-time
     limits, and never use a float value both whole and in pieces (its cotangent would then be
@@ -482,6 +498,16 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode) -> str | N
     if mode == "auto" and plan.piece_elements < c.min_piece_elements:
         return (f"pieces of {plan.piece_elements} elements: on {target} a loop per piece costs "
                 f"more than the permutation (minimum {c.min_piece_elements})")
+    kernel_takes = kernel_on(kernel, target) and (
+        kernel is True or plan.piece_elements >= c.kernel_min_elements)
+    if (mode == "auto" and c.nokernel_max_eqns and not kernel_takes
+            and plan.eqns_after > c.nokernel_max_eqns
+            and plan.eqns_after > c.nokernel_max_growth * plan.eqns_before):
+        return (f"splitting would grow the level {plan.eqns_after / plan.eqns_before:.1f}x to "
+                f"{plan.eqns_after} equations that no kernel takes (pieces of "
+                f"{plan.piece_elements} elements, kernel={kernel!r}): on {target} they compile "
+                f"as fusions of their own (limit {c.nokernel_max_eqns} equations and "
+                f"{c.nokernel_max_growth}x: compile time)")
     if mode == "auto" and plan.movers_removed * c.mover_gain <= plan.joins * c.join_cost:
         return (f"{plan.movers_removed} permutation(s) would become renaming but {plan.joins} "
                 f"re-join(s) would be needed: no gain on {target}")

@@ -1143,7 +1143,7 @@ def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None, loop_body=False) -> t
     first = jaxpr.eqns[0] if jaxpr.eqns else None
     built: list = []                      # the split form, once made
     hard = _cost.scalarize_limit(an.plan, target)   # no measurement overrides these
-    reason = hard or _cost.scalarize_decision(an.plan, target, mode)
+    reason = hard or _cost.scalarize_decision(an.plan, target, mode, ctx.options.kernel)
     if hard is None and ctx.options.autotune:
         def build():
             built.append(_fused_code(jaxpr, an, target, costs, _split(jaxpr, an, costs)))
@@ -1168,7 +1168,7 @@ def _scalarize_level(jaxpr, ctx, mode, consts=(), an=None, loop_body=False) -> t
         # whole into calls), decide again on the real count (seed shift program with
         # `lax.gather`: 1 planned, 7 made, 1.6x slower on the CPU when split anyway).
         reason = hard or _cost.scalarize_decision(dataclasses.replace(an.plan, joins=joins),
-                                                  target, mode)
+                                                  target, mode, ctx.options.kernel)
         if reason is not None:
             ctx.report.declined(PASS, first, reason)
             return jaxpr, False

@@ -1,0 +1,185 @@
+"""What Mosaic makes of the ChaCha20 kernels on the chip (issue 44, item 4): the kernel pass's
+kernels against kernels written by hand in the same design, op for op.
+
+    python3 bench/tpu_dump.py                  # on the TPU: about 2 minutes
+    python3 bench/tpu_dump.py author hand      # some programs
+    python3 bench/tpu_dump.py --quick          # anywhere: 4,096 blocks, Pallas's interpreter
+
+Programs (1,048,576 blocks; block 0 RFC 8439's state):
+- `author`: `optimize(vmap(chacha_loop("fori")), kernel=True)`, the state (N, 4, 4);
+- `word`: the same vmapped over the last axis of a word-major (4, 4, N) state;
+- `hand`, `hand_unroll2`, `hand_unroll`, `hand_r32`: one `pallas_call` written by hand in the
+  design issue 41 measured (the 16 words as (rows, 128) tiles of a (16, N/128, 128) array, one
+  grid step per 16 rows (32 for `hand_r32`), the 10 double rounds in a `fori_loop` inside,
+  unrolled 1, 2 or 10 times, the feed-forward add inside too).
+
+Each compiles and runs in a child process of its own with
+`LIBTPU_INIT_ARGS=--xla_mosaic_dump_to=DIR` (a flag libtpu reads when it starts; `--xla_dump_to`
+is not one of its flags there and stops it). Per program: run time (median of 7 calls), compile
+seconds, bit for bit against RFC 8439's block, and the LLO operations of each kernel's last
+Mosaic stage (`post-finalize-llo`), all and inside its loop. These are operations, not VLIW
+bundles: libtpu's own dump (`--xla_jf_dump_to`, `--xla_jf_dump_llo_text=true`) has the bundles,
+but wrote 5,280 files for these five programs (more than a call brings back), so it is off here.
+Prints one JSON line per program; with `OUT` set, writes `$OUT/tpu_dump.json` and the Mosaic
+dumps as `$OUT/mosaic.tar.xz`.
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PROGRAMS = ("author", "word", "hand", "hand_unroll2", "hand_unroll", "hand_r32")
+
+
+def _hand(n: int, rows: int, unroll: int, interpret: bool):
+    """ChaCha20's block function as one Pallas kernel, written by hand: (4, 4, N) -> (4, 4, N)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def rotl(v, k):
+        return (v << k) | (v >> (32 - k))
+
+    def kernel(x_ref, o_ref):
+        words = [x_ref[i] for i in range(16)]
+
+        def double_round(_, s):
+            s = list(s)
+            for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
+                               (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 16)  # noqa: E702
+                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 12)  # noqa: E702
+                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 8)   # noqa: E702
+                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 7)   # noqa: E702
+            return tuple(s)
+
+        out = jax.lax.fori_loop(0, 10, double_round, tuple(words), unroll=unroll)
+        for i in range(16):
+            o_ref[i] = out[i] + words[i]
+
+    tiles = n // 128
+    spec = pl.BlockSpec((16, rows, 128), lambda i: (0, i, 0))
+
+    @jax.jit
+    def f(x):
+        y = pl.pallas_call(kernel, grid=(tiles // rows,), in_specs=[spec], out_specs=spec,
+                           out_shape=jax.ShapeDtypeStruct((16, tiles, 128), jnp.uint32),
+                           interpret=interpret)(x.reshape(16, tiles, 128))
+        return y.reshape(4, 4, n)
+    return f
+
+
+def child(name: str, n: int, interpret: bool) -> dict:
+    """Compile and run one program in this process; its row."""
+    sys.path.insert(0, HERE)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxrewrite
+    from permutations import RFC_OUT, _blocks, chacha_loop
+
+    x = _blocks(n)
+    word_major = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
+    if name == "author":
+        f, arg = jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=True), x
+    elif name == "word":
+        f = jaxrewrite.optimize(jax.vmap(chacha_loop("fori"), in_axes=2, out_axes=2),
+                                kernel=True)
+        arg = word_major
+    else:
+        f = _hand(n, 32 if name == "hand_r32" else 16,
+                  {"hand_unroll2": 2, "hand_unroll": 10}.get(name, 1), interpret)
+        arg = word_major
+    t = time.perf_counter()
+    compiled = f.lower(arg).compile()
+    compile_s = time.perf_counter() - t
+    out = np.asarray(compiled(arg))
+    block0 = out[0] if name == "author" else out[:, :, 0]
+    times = []
+    for _ in range(7):
+        t = time.perf_counter()
+        compiled(arg).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return dict(program=name, blocks=n, run_ms=round(sorted(times)[3] * 1e3, 3),
+                compile_s=round(compile_s, 2), exact=bool(np.array_equal(block0, RFC_OUT)))
+
+
+def llo_ops(dump_dir: str) -> list[dict]:
+    """Per kernel in `dump_dir`: its LLO operations at the last Mosaic stage, all and in loops."""
+    kernels = []
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*post-finalize-llo*"))):
+        total, loop = collections.Counter(), collections.Counter()
+        depth = 0
+        with open(path) as fh:
+            lines = fh.readlines()
+        for line in lines:
+            ops = re.findall(r"\bllo\.(\w+)", line.split("{llo.type", 1)[0])
+            total.update(o for o in ops if o != "constant")
+            if depth:
+                loop.update(o for o in ops if o != "constant")
+            depth += line.count("scf.for")
+            depth -= line.count("scf.yield")
+        kernels.append(dict(file=os.path.basename(path), ops=dict(total.most_common()),
+                            loop_ops=dict(loop.most_common())))
+    return kernels
+
+
+def run(name: str, n: int, interpret: bool, dump_root: str | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    dump = None
+    if dump_root:
+        dump = os.path.join(dump_root, name)
+        env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "")
+                                   + f" --xla_mosaic_dump_to={dump}").strip()
+    cmd = [sys.executable, __file__, "--child", name, str(n)] + (["--interpret"] if interpret
+                                                                 else [])
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        return dict(program=name, error="timeout (240 s)")
+    rows = [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
+    if r.returncode or not rows:
+        return dict(program=name, error=(r.stderr or r.stdout).strip().splitlines()[-3:])
+    row = rows[0]
+    if dump:
+        row["kernels"] = llo_ops(dump)
+    return row
+
+
+def main(argv=None) -> list[dict]:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--child"]:
+        print("ROW " + json.dumps(child(args[1], int(args[2]), "--interpret" in args)),
+              flush=True)
+        return []
+    quick = "--quick" in args
+    names = [a for a in args if not a.startswith("--")] or list(PROGRAMS)
+    n = 4096 if quick else 1 << 20
+    out = os.environ.get("OUT")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dump_root = None if quick else os.path.join(tmp, "mosaic")
+        for name in names:
+            rows.append(run(name, n, quick, dump_root))
+            print(json.dumps(rows[-1]), flush=True)
+        if out:
+            with open(os.path.join(out, "tpu_dump.json"), "w") as fh:
+                json.dump(rows, fh, indent=1)
+            if dump_root and os.path.isdir(dump_root):
+                subprocess.run(["tar", "cJf", os.path.join(out, "mosaic.tar.xz"), "-C", tmp,
+                                "mosaic"], check=False)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
