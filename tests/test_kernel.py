@@ -96,9 +96,10 @@ def test_chacha_author_form_is_one_kernel_with_the_loop_inside(n):
     assert loop.params["length"] == 10
     (stats,) = res.report.stats["kernel"]
     rows = _cost.costs("tpu").kernel_tile_rows
+    # the loop and the feed-forward's 16 adds, done on the pieces (`kernel._epilogues`)
     assert stats == dict(elements=n, rows=rows, grid=-(-n // 128 // rows), pieces_in=16,
-                         scalars_in=0, pieces_out=16, eqns=1, work=stats["work"], trips=[10],
-                         interpret=mosaic.interpret())
+                         scalars_in=0, pieces_out=16, eqns=1 + 16, work=stats["work"],
+                         trips=[10], interpret=mosaic.interpret())
     # flatten kept the loop rolled for the kernel: its body once, not 10 times
     assert res.report.counts["flatten.carries_split_for_kernel"] == 1
     assert stats["work"] > 10 * 150
@@ -116,8 +117,8 @@ def test_chacha_python_loop_is_a_loop_kernel_and_the_hand_form_a_straight_line_o
         np.testing.assert_array_equal(np.asarray(out)[0], P.RFC_OUT)
         (k,) = _kernels(_rewrite(f, x).jaxpr)
         inside = _inside(k)
-        if rolled:   # one double round's 2 x 16 adds, inside a scan of 10 trips
-            assert inside["scan"] == 1 and inside["add"] == 2 * 16
+        if rolled:   # one double round's 2 x 16 adds, inside a scan of 10 trips, + the
+            assert inside["scan"] == 1 and inside["add"] == 2 * 16 + 16    # feed-forward
         else:        # 20 rounds x 16, + the feed-forward
             assert "scan" not in inside and inside["add"] == 16 * 21
 
@@ -497,8 +498,10 @@ def test_kernel_true_applies_on_any_target(target):
 def test_explain_shows_the_kernel():
     f = jax.vmap(P.chacha_loop("fori", rounds=2))
     e = jaxrewrite.explain(f, **TPU)(P._blocks(4096))
-    (ev,) = [ev for ev in e.rewrites if ev.pass_name == "kernel"]
+    ev, ff = [ev for ev in e.rewrites if ev.pass_name == "kernel"][::-1]
     assert ev.after == ("pallas_call",) and ev.before == ("scan",)
+    # first the feed-forward add on the re-joined state, done on its pieces for the kernel
+    assert ff.before == ("add",) and ff.after.count("add") == 16 and "stack" in ff.after
     (stats,) = e.report.stats["kernel"]
     assert (stats["rows"], stats["grid"], stats["trips"]) == (16, 2, [2])
 
