@@ -1,0 +1,84 @@
+"""analysis/views: the affine view of a value made by data movement is where numpy puts it."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from jaxrewrite.analysis import views as V
+
+
+def _positions(v: V.View) -> np.ndarray:
+    idx = np.indices(v.shape).reshape(len(v.shape), -1)
+    return (v.offset + sum(i * s for i, s in zip(idx, v.strides))).reshape(v.shape)
+
+
+@st.composite
+def _chains(draw):
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)))
+    steps = []
+    a = np.arange(int(np.prod(shape))).reshape(shape)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["transpose", "slice", "reshape", "take"]))
+        if kind == "transpose":
+            steps.append((kind, tuple(draw(st.permutations(range(a.ndim))))))
+        elif kind == "slice":
+            lo = [draw(st.integers(0, d - 1)) for d in a.shape]
+            hi = [draw(st.integers(l + 1, d)) for l, d in zip(lo, a.shape)]
+            steps.append((kind, (lo, hi, [draw(st.integers(1, 2)) for _ in a.shape])))
+        elif kind == "reshape":
+            d = draw(st.sampled_from([k for k in range(1, a.size + 1) if a.size % k == 0]))
+            steps.append((kind, (d, a.size // d)))
+        elif a.ndim > 1:
+            ax = draw(st.integers(0, a.ndim - 1))
+            steps.append((kind, (ax, draw(st.integers(0, a.shape[ax] - 1)))))
+        else:
+            continue
+        a = _numpy_step(a, steps[-1])
+    return shape, steps
+
+
+def _numpy_step(a, step):
+    kind, arg = step
+    if kind == "transpose":
+        return a.transpose(arg)
+    if kind == "slice":
+        return a[tuple(slice(l, h, s) for l, h, s in zip(*arg))]
+    if kind == "reshape":
+        return a.reshape(arg)
+    return np.take(a, arg[1], axis=arg[0])
+
+
+def _view_step(v, step):
+    kind, arg = step
+    if kind == "transpose":
+        return V.View(tuple(v.shape[k] for k in arg), tuple(v.strides[k] for k in arg), v.offset)
+    if kind == "slice":
+        lo, hi, steps = arg
+        return V.View(tuple(-(-(h - l) // s) for l, h, s in zip(lo, hi, steps)),
+                      tuple(x * s for x, s in zip(v.strides, steps)),
+                      v.offset + sum(l * x for l, x in zip(lo, v.strides)))
+    if kind == "reshape":
+        return V.reshape(v, arg)
+    return V.take(v, *arg)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_chains())
+def test_a_view_holds_the_elements_numpy_moves_there(chain):
+    shape, steps = chain
+    a = np.arange(int(np.prod(shape))).reshape(shape)
+    v = V.contiguous(shape)
+    for step in steps:
+        a = _numpy_step(a, step)
+        v = _view_step(v, step)
+        if v is None:          # (a reshape that would copy: no view, never a wrong one)
+            return
+        np.testing.assert_array_equal(_positions(v), a)
+
+
+def test_chacha_s_pieces_are_found_in_either_layout():
+    """Row i of the (16, N) words is the same view of the state whether the state is (N, 4, 4)
+    transposed first or (4, 4, N) as it is; column i of (N, 16) is the former."""
+    n = 4096
+    rows = V.reshape(V.View((4, 4, n), (4, 1, 16)), (16, n))      # transpose[(1, 2, 0)] of (N,4,4)
+    cols = V.reshape(V.contiguous((n, 4, 4)), (n, 16))
+    assert V.take(rows, 0, 5).key() == V.take(cols, 1, 5).key() == ((n,), (16,), 5)
+    assert V.reshape(V.View((4, n), (1, 16)), (4 * n,)) is None   # would need a copy
