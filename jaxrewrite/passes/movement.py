@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from .. import _compat as C
 from ..analysis import exact as _exact
+from ..analysis import indexmap as _im
 from .. import _walk
-from ..report.records import Report
+from ..report.records import Decline, Report
 
 PASS = "movement"
 
@@ -200,13 +203,72 @@ def rev_rule(eqn, defn):
 
 
 def unstack_rule(eqn, defn):
-    """unstack[d](stack[d](a0..an)) → a0..an."""
+    """unstack[d](stack[d](a0..an)) → a0..an; of a static scatter, `unstack_of_scatter`."""
     x, = eqn.invars
     d_eqn = defn(x)
+    if d_eqn is not None and d_eqn.primitive.name == "scatter":
+        return unstack_of_scatter(eqn, d_eqn)
     if (d_eqn is None or d_eqn.primitive.name != "stack"
             or d_eqn.params["axis"] != eqn.params["axis"]):
         return None
     return _walk.forward(eqn, list(d_eqn.invars))
+
+
+def _scattered_rows(s_eqn, axis: int) -> dict | None:
+    """{operand row j along `axis`: update row k} for a scatter that replaces whole rows at
+    static, distinct, in-range indices (`x.at[idx].set(u)` on a vmapped state), else None."""
+    x, idx, u = s_eqn.invars
+    dn, xs, us = s_eqn.params["dimension_numbers"], _shape(x), _shape(u)
+    if (not C.is_literal(idx) or tuple(dn.inserted_window_dims) != (axis,)
+            or tuple(dn.scatter_dims_to_operand_dims) != (axis,) or dn.operand_batching_dims
+            or len(us) != len(xs)):
+        return None
+    window = tuple(dn.update_window_dims)
+    others = [d for d in range(len(xs)) if d != axis]
+    if len(window) != len(others) or any(us[w] != xs[d] for w, d in zip(window, others)):
+        return None                    # (a window that does not cover the rest of a row)
+    (k_dim,) = [d for d in range(len(us)) if d not in window]
+    # the same scatter on one element of every other dim: what lands where along `axis`
+    small_x = tuple(xs[d] if d == axis else 1 for d in range(len(xs)))
+    small_u = tuple(us[d] if d == k_dim else 1 for d in range(len(us)))
+    try:
+        smap = _im.scatter_map(small_x, small_u, np.asarray(C.literal_value(idx)), dn,
+                               s_eqn.params["mode"])
+    except Decline:
+        return None
+    rows = [int(j) for j in np.asarray(smap).reshape(-1)]
+    if any(j < 0 for j in rows) or len(set(rows)) != len(rows):
+        return None                    # dropped, or written twice (XLA picks one: not defined)
+    return {j: k for k, j in enumerate(rows)}
+
+
+def unstack_of_scatter(eqn, s_eqn):
+    """The rows of a state some of whose rows a static scatter replaced are those rows of the
+    updates and the others of the state, picked at trace time:
+
+        y = scatter[rows (4, 9, 14, 3) along 1](x, u)          x: (N, 16), u: (N, 4)
+        y0..y15 = unstack[1](y)
+      → x0..x15 = unstack[1](x) ; u0..u3 = unstack[1](u)
+        y0..y15 = x0, x1, x2, u3, u0, x5, ..                   (renaming; the unstacks then
+                                                                cancel with their stacks)
+
+    (Salsa20/8 written with `s.at[idx].set(...)`: split by scalarize, each quarter round's
+    update stayed a scatter between a stack and an unstack, and cut the TPU's kernel in nine.)
+    Only a replacing scatter (not scatter-add), static indices, each row written at most once
+    and in range, and its window the whole of every other dim."""
+    if s_eqn.primitive.name != "scatter" or C.has_effects(s_eqn):
+        return None
+    axis = eqn.params["axis"]
+    picked = _scattered_rows(s_eqn, axis)
+    if picked is None:
+        return None
+    x, _, u = s_eqn.invars
+    dn = s_eqn.params["dimension_numbers"]
+    (k_dim,) = [d for d in range(len(_shape(u))) if d not in dn.update_window_dims]
+    em = _walk.Emitter(eqn)
+    xs = em.bind(eqn.primitive, x, axis=axis)
+    us = em.bind(eqn.primitive, u, axis=k_dim)
+    return em.replacement([us[picked[j]] if j in picked else xs[j] for j in range(len(xs))])
 
 
 # Elementwise primitives that data movement commutes with (each output element depends on the
