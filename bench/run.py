@@ -39,12 +39,13 @@ import _common  # noqa: E402
 
 KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
 # (never_worse: a tool for one generated program at a time, with no table of its own; keccak,
-# author_chacha: programs other benches measure; accelerator, tpu_costs, tpu_kernel,
+# author_chacha: programs other benches measure; accelerator, tpu_costs, tpu_kernel, tpu_dump,
 # batched_updates, threefry, tpu_layers, never_worse_sweep: runs of their own, one process on a
 # device within a budget, each
 # `python bench/<name>.py`; bench/README.md is the map)
 _NOT_BENCHES = {"run", "never_worse", "keccak", "author_chacha", "accelerator", "tpu_costs",
-                "tpu_kernel", "batched_updates", "threefry", "tpu_layers", "never_worse_sweep"}
+                "tpu_kernel", "tpu_dump", "batched_updates", "threefry", "tpu_layers",
+                "never_worse_sweep"}
 
 
 def discover(only: list[str] | None, skip: list[str] = ()) -> list[str]:

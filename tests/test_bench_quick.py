@@ -208,3 +208,16 @@ def test_skip_leaves_out_what_an_earlier_ci_step_ran(runner):
     assert kept == [n for n in every if n not in ("seed", "scale", "faults")]
     assert runner.discover(["seed"], ["seed"]) == ["seed"]
     assert not set(kept) & runner._NOT_BENCHES
+
+
+def test_every_discovered_bench_has_a_name_and_main(runner):
+    """A file in bench/ that `run.py` would run must define `NAME` and `main` (a device run or a
+    helper goes in `_NOT_BENCHES`): CI's quick run stops at the first one that does not."""
+    import ast
+    for name in runner.discover(None):
+        with open(os.path.join(runner.HERE, f"{name}.py")) as fh:
+            tree = ast.parse(fh.read())
+        top = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+               if isinstance(t, ast.Name)}
+        funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert "NAME" in top and "main" in funcs, name
