@@ -523,7 +523,7 @@ def _epilogues(j, ctx):
                 or _shape(eqn.invars[0]) != _shape(eqn.invars[1])):
             return None
         for k in (0, 1):
-            found = movement._stack_split(eqn.invars[k], defn, uses)
+            found = movement.stack_split(eqn.invars[k], defn, uses)
             if found is not None:
                 break
         else:

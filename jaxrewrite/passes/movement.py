@@ -325,7 +325,7 @@ def push_through_elementwise(eqn, defn, uses):
     return em.replacement(em.bind(e.primitive, *moved, **e.params))
 
 
-def _stack_split(x, defn, uses):
+def stack_split(x, defn, uses):
     """(the stack producing `x`, directly or through a reshape that only splits the stacked
     axis, and the dims of `x` the stacked axis became) where each has no other use; else None."""
     d = defn(x)
@@ -360,7 +360,7 @@ def transpose_of_stack(eqn, defn, uses):
     order; the stack and the reshape must have no other use (nothing is stacked twice)."""
     if eqn.primitive.name != "transpose":
         return None
-    found = _stack_split(eqn.invars[0], defn, uses)
+    found = stack_split(eqn.invars[0], defn, uses)
     if found is None:
         return None
     st, split = found
