@@ -15,9 +15,10 @@ Programs (1,048,576 blocks; block 0 RFC 8439's state):
 
 Each compiles and runs in a child process of its own with
 `LIBTPU_INIT_ARGS=--xla_mosaic_dump_to=DIR` (a flag libtpu reads when it starts; `--xla_dump_to`
-is not one of its flags there and stops it). Per program: run time (median of 7 calls), compile
-seconds, bit for bit against RFC 8439's block, and the LLO operations of each kernel's last
-Mosaic stage (`post-finalize-llo`), all and inside its loop. These are operations, not VLIW
+is not one of its flags there and stops it). Per program: run time (`_common.paired`: the
+median of 7 calls after a warm-up), compile seconds, bit for bit against RFC 8439's block, and
+the LLO operations of each kernel's last Mosaic stage (`post-finalize-llo`), all and inside its
+loop. These are operations, not VLIW
 bundles: libtpu's own dump (`--xla_jf_dump_to`, `--xla_jf_dump_llo_text=true`) has the bundles,
 but wrote 5,280 files for these five programs (more than a call brings back), so it is off here.
 Prints one JSON line per program; with `OUT` set, writes `$OUT/tpu_dump.json` and the Mosaic
@@ -81,6 +82,7 @@ def _hand(n: int, rows: int, unroll: int, interpret: bool):
 def child(name: str, n: int, interpret: bool) -> dict:
     """Compile and run one program in this process; its row."""
     sys.path.insert(0, HERE)
+    import _common
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -105,12 +107,8 @@ def child(name: str, n: int, interpret: bool) -> dict:
     compile_s = time.perf_counter() - t
     out = np.asarray(compiled(arg))
     block0 = out[0] if name == "author" else out[:, :, 0]
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        compiled(arg).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return dict(program=name, blocks=n, run_ms=round(sorted(times)[3] * 1e3, 3),
+    run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
+    return dict(program=name, blocks=n, run_ms=round(run_s * 1e3, 3),
                 compile_s=round(compile_s, 2), exact=bool(np.array_equal(block0, RFC_OUT)))
 
 

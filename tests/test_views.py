@@ -1,4 +1,6 @@
 """analysis/views: the affine view of a value made by data movement is where numpy puts it."""
+import types
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -46,17 +48,21 @@ def _numpy_step(a, step):
     return np.take(a, arg[1], axis=arg[0])
 
 
+def _eqn(name, **params):
+    """What `views.apply` reads of an equation."""
+    return types.SimpleNamespace(primitive=types.SimpleNamespace(name=name), params=params)
+
+
 def _view_step(v, step):
     kind, arg = step
     if kind == "transpose":
-        return V.View(tuple(v.shape[k] for k in arg), tuple(v.strides[k] for k in arg), v.offset)
+        return V.apply(v, _eqn("transpose", permutation=arg))
     if kind == "slice":
         lo, hi, steps = arg
-        return V.View(tuple(-(-(h - l) // s) for l, h, s in zip(lo, hi, steps)),
-                      tuple(x * s for x, s in zip(v.strides, steps)),
-                      v.offset + sum(l * x for l, x in zip(lo, v.strides)))
+        return V.apply(v, _eqn("slice", start_indices=tuple(lo), limit_indices=tuple(hi),
+                               strides=tuple(steps)))
     if kind == "reshape":
-        return V.reshape(v, arg)
+        return V.apply(v, _eqn("reshape", new_sizes=arg, dimensions=None))
     return V.take(v, *arg)
 
 

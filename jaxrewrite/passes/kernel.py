@@ -504,16 +504,11 @@ def _epilogues(j, ctx):
     pieces are 32-bit integers that a kernel takes at their size (`size_reason`), the stack
     has no other use, and every piece of the other operand is a value of the level already
     (`analysis.views`: the same elements of it in the same order), so nothing is read twice."""
-    producers, uses, order = {}, {}, {}
+    uses = movement.use_counts(j)            # (what movement.stack_split's checks read)
+    producers, order = {}, {}
     for i, e in enumerate(j.eqns):
-        for a in e.invars:
-            if not C.is_literal(a):
-                uses[a] = uses.get(a, 0) + 1
         for v in e.outvars:
             producers[v], order[v] = e, i
-    for a in j.outvars:
-        if not C.is_literal(a):
-            uses[a] = uses.get(a, 0) + 2
 
     def defn(atom):
         return None if C.is_literal(atom) else producers.get(atom)

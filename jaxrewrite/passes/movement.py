@@ -214,9 +214,10 @@ def unstack_rule(eqn, defn):
     return _walk.forward(eqn, list(d_eqn.invars))
 
 
-def _scattered_rows(s_eqn, axis: int) -> dict | None:
-    """{operand row j along `axis`: update row k} for a scatter that replaces whole rows at
-    static, distinct, in-range indices (`x.at[idx].set(u)` on a vmapped state), else None."""
+def _scattered_rows(s_eqn, axis: int) -> tuple | None:
+    """({operand row j along `axis`: update row k}, the updates' dim of k) for a scatter that
+    replaces whole rows at static, distinct, in-range indices (`x.at[idx].set(u)` on a vmapped
+    state), else None."""
     x, idx, u = s_eqn.invars
     dn, xs, us = s_eqn.params["dimension_numbers"], _shape(x), _shape(u)
     if (not C.is_literal(idx) or tuple(dn.inserted_window_dims) != (axis,)
@@ -239,7 +240,7 @@ def _scattered_rows(s_eqn, axis: int) -> dict | None:
     rows = [int(j) for j in np.asarray(smap).reshape(-1)]
     if any(j < 0 for j in rows) or len(set(rows)) != len(rows):
         return None                    # dropped, or written twice (XLA picks one: not defined)
-    return {j: k for k, j in enumerate(rows)}
+    return {j: k for k, j in enumerate(rows)}, k_dim
 
 
 def unstack_of_scatter(eqn, s_eqn):
@@ -259,12 +260,11 @@ def unstack_of_scatter(eqn, s_eqn):
     if s_eqn.primitive.name != "scatter" or C.has_effects(s_eqn):
         return None
     axis = eqn.params["axis"]
-    picked = _scattered_rows(s_eqn, axis)
-    if picked is None:
+    found = _scattered_rows(s_eqn, axis)
+    if found is None:
         return None
+    picked, k_dim = found
     x, _, u = s_eqn.invars
-    dn = s_eqn.params["dimension_numbers"]
-    (k_dim,) = [d for d in range(len(_shape(u))) if d not in dn.update_window_dims]
     em = _walk.Emitter(eqn)
     xs = em.bind(eqn.primitive, x, axis=axis)
     us = em.bind(eqn.primitive, u, axis=k_dim)
@@ -463,13 +463,9 @@ RULES: dict[str, Callable] = {
 }
 
 
-def simplify(jaxpr, report, rules=RULES, ctx=None):
-    """One level: apply `rules` in one forward sweep (a replacement's output is seen by the
-    equations after it, so chains cancel in one sweep), then, where no rule applied, push data
-    movement through a single-use elementwise producer (`push_through_elementwise`).
-    With `ctx`'s `exact=True`, a rewrite of floating-point values is declined (`analysis.exact`).
-    Returns (jaxpr, changed)."""
-    producers: dict = {}
+def use_counts(jaxpr) -> dict:
+    """Each value -> how many times the level reads it, a level output counted twice (it is
+    needed whole: the rules' "no other use" checks then see it as used elsewhere)."""
     uses: dict = {}
     Lit = C.Literal   # (isinstance inline: these loops see every equation)
     for e in jaxpr.eqns:
@@ -478,7 +474,19 @@ def simplify(jaxpr, report, rules=RULES, ctx=None):
                 uses[a] = uses.get(a, 0) + 1
     for a in jaxpr.outvars:
         if not isinstance(a, Lit):
-            uses[a] = uses.get(a, 0) + 2  # an output is needed whole
+            uses[a] = uses.get(a, 0) + 2
+    return uses
+
+
+def simplify(jaxpr, report, rules=RULES, ctx=None):
+    """One level: apply `rules` in one forward sweep (a replacement's output is seen by the
+    equations after it, so chains cancel in one sweep), then, where no rule applied, push data
+    movement through a single-use elementwise producer (`push_through_elementwise`).
+    With `ctx`'s `exact=True`, a rewrite of floating-point values is declined (`analysis.exact`).
+    Returns (jaxpr, changed)."""
+    producers: dict = {}
+    uses = use_counts(jaxpr)
+    Lit = C.Literal   # (isinstance inline: these loops see every equation)
 
     def defn(atom):
         return None if isinstance(atom, Lit) else producers.get(atom)
