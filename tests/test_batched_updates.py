@@ -380,8 +380,10 @@ def test_64_bit_floats_are_declined(dtype):
     float64 window came back wrong in every element on a v5e). The scatter is kept."""
     rng = np.random.default_rng(9)
     with jax.enable_x64(True):
-        x = jnp.asarray(rng.standard_normal((30, 16)), dtype)
-        u = jnp.asarray(rng.standard_normal((30, 4)), dtype)
+        # made by numpy: XLA:TPU's own float64 -> complex128 conversion fails a RET_CHECK
+        # (layouts differ, xprecision_emitters.cc), before any rewrite
+        x = jnp.asarray(rng.standard_normal((30, 16)).astype(dtype))
+        u = jnp.asarray(rng.standard_normal((30, 4)).astype(dtype))
         s = jnp.asarray(rng.integers(0, 14, 30), jnp.int32)
         res = _rewrite(dus_tuple, x, u, s, **TPU)
         assert _scatters(res.jaxpr) == 1
@@ -440,6 +442,8 @@ def test_bench_quick_row():
     # JAXREWRITE_TEST_TARGET=tpu)
     from jaxrewrite._options import Options
     default_tpu = Options().resolved_target() == "tpu"
-    assert row["rewritten"] == {"opt": default_tpu, "opt_tpu": True}
-    assert row["run_us_jit"] > 0 and row["ratio_opt_tpu"] > 0 and row["compile_ms_jit"] > 0
+    on_tpu = jax.default_backend() == "tpu"
+    assert row["rewritten"] == ({"opt": True} if on_tpu else {"opt": default_tpu, "opt_tpu": True})
+    assert row["run_us_jit"] > 0 and row["compile_ms_jit"] > 0
+    assert row["ratio_opt" if on_tpu else "ratio_opt_tpu"] > 0
     assert "met" not in str(bench.verdicts([row], "cpu"))

@@ -217,7 +217,11 @@ def run_part(index: int, out: str, limit: int, extra: list[str],
             line = f.read().strip()
     except FileNotFoundError:
         line = f"part {index} ({name}): no summary (pytest did not start; see {base}.log)"
-    if rc in (124, 137, -9) and "cut at the limit" not in line:
+    if rc in (124, 137, -9) and "; complete" in line:
+        # (pytest had finished every test and written its summary; the process's exit, which
+        # closes the chip, was still going at the limit: nothing was cut)
+        line += "; its exit stopped at the limit, after the last test"
+    elif rc in (124, 137, -9) and "cut at the limit" not in line:
         # (SIGINT did not stop pytest within 30 s, inside a compile or a run: `timeout` sent
         # KILL to the group, itself included, so no summary from pytest and no junit file)
         line = line.replace("; running", "") + "; cut at the limit (killed 30 s after SIGINT)"
