@@ -192,6 +192,24 @@ def test_the_chip_parts_name_each_test_file_once():
     assert every == {f for f in os.listdir(here) if f.startswith("test_") and f.endswith(".py")}
 
 
+def test_the_chip_parts_run_several_in_one_command(tmp_path, monkeypatch):
+    """`tpu_parts.py --part one,two`: each part one pytest process writing its results and
+    summary as it goes, and summary.txt a line a part (a chip's call runs several)."""
+    import tpu_parts
+    monkeypatch.setattr(tpu_parts, "parts",
+                        lambda: [("one", ["test_views.py"]), ("two", ["test_views.py"])])
+    rc = tpu_parts.main(["--part", "one,2", "--out", str(tmp_path), "--limit", "120", "--",
+                         "-k", "either_layout"])
+    assert rc == 0
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["part 1 (one)", "part 2 (two)"]
+    assert all("1 passed (1 of 1 tests)" in ln and "; complete" in ln for ln in lines), lines
+    for i in (1, 2):
+        results = (tmp_path / f"part-{i}.results").read_text().split()
+        assert results[:2] == [
+            "PASSED", "tests/test_views.py::test_chacha_s_pieces_are_found_in_either_layout"]
+
+
 def test_the_chip_s_training_step_table_runs_on_any_host():
     """bench/tpu_layers.py (issue 46's table, run on the chip): at tiny sizes here, one row per
     form and the A/A control, plain's losses matched by the switch's, reroll=True rolling the

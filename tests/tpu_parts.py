@@ -2,6 +2,7 @@
 
     python3 tests/tpu_parts.py --list                  the parts, their files and estimates
     python3 tests/tpu_parts.py --part 3 --out DIR      one part (fits one 10-minute device call)
+    python3 tests/tpu_parts.py --part 1,2,3 --out DIR  some parts, one after another
     python3 tests/tpu_parts.py --part all --out DIR    every part, one after another
     python3 tests/tpu_parts.py --part 3 --out DIR --resume
                                                        a part cut at its limit: the tests its
@@ -19,8 +20,9 @@ SIGINT does not stop; the results file has every test finished before). Into DIR
     part-N.xml       pytest's --junitxml (at the end of the part)
     part-N.log       pytest's output (-rfEs: failures, errors and skips with their reasons)
 
-and `--part all` also writes summary.txt, each part's line. A test file that no part names
-runs in the last part ("rest"), so a new file is never left out; `--list` shows it there.
+and several parts (`--part 1,2,3`, `--part all`) also write summary.txt, each part's line. A
+test file that no part names runs in the last part ("rest"), so a new file is never left out;
+`--list` shows it there.
 
 The split follows each file's time on the CPU with the TPU's decisions
 (`JAXREWRITE_TEST_TARGET=tpu`, HYPOTHESIS_PROFILE=tpu, 2 shared cores, Dec 6; PARTS' comments).
@@ -234,7 +236,7 @@ def run_part(index: int, out: str, limit: int, extra: list[str],
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--list", action="store_true", help="list the parts and their files")
-    ap.add_argument("--part", help="a part's number (1-based) or name, or 'all'")
+    ap.add_argument("--part", help="parts' numbers (1-based) or names, comma-separated, or 'all'")
     ap.add_argument("--out", help="folder for each part's results, summary, junit and log")
     ap.add_argument("--limit", type=int, default=LIMIT_S, help="seconds of pytest per part")
     ap.add_argument("--resume", action="store_true",
@@ -249,20 +251,21 @@ def main(argv=None) -> int:
     if not a.out:
         ap.error("--out DIR is needed with --part")
     names = [n for n, _ in ps]
-    if a.part == "all":
-        chosen = list(range(1, len(ps) + 1))
-    elif a.part.isdigit() and 1 <= int(a.part) <= len(ps):
-        chosen = [int(a.part)]
-    elif a.part in names:
-        chosen = [names.index(a.part) + 1]
-    else:
-        ap.error(f"--part {a.part!r}: a number 1-{len(ps)}, one of {names}, or 'all'")
+    chosen = []
+    for p in (list(map(str, range(1, len(ps) + 1))) if a.part == "all" else a.part.split(",")):
+        if p.isdigit() and 1 <= int(p) <= len(ps):
+            chosen.append(int(p))
+        elif p in names:
+            chosen.append(names.index(p) + 1)
+        else:
+            ap.error(f"--part {a.part!r}: numbers 1-{len(ps)} or names of {names}, "
+                     "separated by commas, or 'all'")
     os.makedirs(a.out, exist_ok=True)
     worst = 0
     for i in chosen:
         rc, line = run_part(i, a.out, a.limit, a.pytest_args, a.resume)
         print(line, flush=True)
-        if a.part == "all":
+        if len(chosen) > 1:
             with open(os.path.join(a.out, "summary.txt"), "a") as f:
                 f.write(line + "\n")
         worst = worst or rc
