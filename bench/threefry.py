@@ -2,6 +2,8 @@
 
     python bench/threefry.py --out /tmp/threefry.json       # on the TPU (one process, ~3-4 min)
     python bench/threefry.py --quick --out /tmp/q.json      # anywhere: small sizes, interpreter
+    ... --profile                                           # and jax.jit's, the kernel's and
+                                                            # rbg's ops (`_common.op_profile`)
 
 Programs (the key is the argument; `jax_threefry_partitionable` as JAX 0.10.2 sets it, on):
 1. `jax.random.bits(key, (N,))`, uint32, N = 16,777,216 and 67,108,864;
@@ -113,6 +115,9 @@ def table(program: str, n: int, variants: dict, repeats: int,
             compile_ratio_jit=comp / statistics.median(compiles["jit"]),
             compile_samples=compiles[name], exact=_same(out, ref) if checked else None,
             **facts[name]))
+        if "--profile" in sys.argv[1:] and name in ("jit", "optimize kernel=True",
+                                                    "jit rbg (other bits)"):
+            rows[-1]["profile"] = _common.op_profile(lambda c=compiled[name]: c(*args))
         del out
         r = rows[-1]   # (as it comes: a run stopped from outside keeps what it measured)
         print(f"[{NAME}] {program} {n} {name}: {r['run_ms']:.3f} ms {r['run_ratio_jit']:.3f}x, "

@@ -23,6 +23,8 @@ Sections:
   first call (trace + compile + run) and step, losses; and each form's compiled module
   (`hlo_summary`: copies, dynamic-update-slices, transposes, ... in the entry and inside its
   loops, temp memory; the text under `$OUT/hlo/`), to read what makes a rolled step slower.
+  With `--profile`, each form's step under JAX's profiler (`_common.op_profile`): device time
+  by op kind and the slowest ops, to find the ops that make the difference.
 """
 from __future__ import annotations
 
@@ -320,6 +322,7 @@ def transformer_step(layers: int, d: int, seq: int, batch: int, vocab: int = 102
 # forward again, rows of stacked results read at runtime offsets, per-layer operands from lists.
 CPU_ROLLED = dict(reroll_recompute=True, reroll_runtime_offsets=True, reroll_list_read=True)
 LAYERS = [8, 16]
+PROFILE = []        # --profile: each form's ops under JAX's profiler (`_common.op_profile`)
 REMAT = ("dots_with_no_batch_dims_saveable", "nothing_saveable")
 
 
@@ -360,6 +363,8 @@ def reroll(quick: bool) -> None:
         runs = _common.paired({k: (lambda f, a: lambda: f(*a))(
             f, scan_args if "by hand" in k else args) for k, f in fns.items()},
             repeats=5 if not quick else 3)
+        profiles = {k: _common.op_profile((lambda f, a: lambda: f(*a))(
+            f, scan_args if "by hand" in k else args)) for k, f in fns.items()} if PROFILE else {}
         for form in forms:
             _row(section="reroll", program=f"transformer step, {layers} layers", size=(d, seq,
                                                                                        batch),
@@ -368,7 +373,7 @@ def reroll(quick: bool) -> None:
                  run_ms=round(runs[form] * 1e3, 3), run_ratio=round(runs[form] / runs["jit"], 3),
                  loss=losses[form],
                  loss_rel=abs(losses[form] - losses["jit"]) / max(abs(losses["jit"]), 1e-30),
-                 hlo=hlo[form])
+                 hlo=hlo[form], **({"profile": profiles[form]} if PROFILE else {}))
 
 
 SECTIONS = {"chacha": chacha, "bitonic": bitonic, "movement": movement, "seed": seed,
@@ -382,8 +387,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=float("inf"),
                     help="seconds after which no new section starts")
     ap.add_argument("--layers", default="8,16", help="transformer depths (reroll)")
+    ap.add_argument("--profile", action="store_true",
+                    help="reroll: where each form's step time goes, op by op")
     a = ap.parse_args()
     LAYERS[:] = [int(n) for n in a.layers.split(",")]
+    PROFILE[:] = [True] if a.profile else []
     dev = jax.devices()[0]
     meta = {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
             "jax": jax.__version__, "quick": a.quick, "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -243,3 +243,19 @@ def test_the_mosaic_dump_bench_runs_on_any_host(tmp_path):
     (kernel,) = tpu_dump.llo_ops(str(tmp_path))
     assert kernel["ops"] == {"vadd": 2, "vector_load": 1, "vshll": 1}
     assert kernel["loop_ops"] == {"vadd": 1, "vshll": 1}
+
+
+def test_the_op_profile_the_chip_s_benches_take_adds_up():
+    """`_common.op_profile` (tpu_costs' and threefry's `--profile`, read on the chip): the
+    compiled program's ops under JAX's profiler, per call; the kinds add up to the total, and
+    a program of more ops shows more."""
+    import _common
+    x = jnp.ones((256, 256), jnp.float32)
+    once = jax.jit(lambda x: jnp.sin(x) @ x)
+    twice = jax.jit(lambda x: jnp.sin(jnp.sin(x) @ x) @ x)
+    a, b = _common.op_profile(lambda: once(x)), _common.op_profile(lambda: twice(x))
+    for p in (a, b):
+        assert p["total_ms"] > 0 and p["top"], p
+        assert abs(sum(p["by_kind"].values()) - p["total_ms"]) <= 1e-3 * max(p["total_ms"], 1)
+        assert all(ms >= 0 and n >= 1 for _, ms, n, _ in p["top"])
+    assert len(b["top"]) > len(a["top"])
