@@ -4,6 +4,8 @@ kernels against kernels written by hand in the same design, op for op.
     python3 bench/tpu_dump.py                  # on the TPU: about 2 minutes
     python3 bench/tpu_dump.py author hand      # some programs
     python3 bench/tpu_dump.py --quick          # anywhere: 4,096 blocks, Pallas's interpreter
+    python3 bench/tpu_dump.py --bundles author threefry_jit threefry_kernel
+                                               # and libtpu's own dump, a .tar.xz a program
 
 Programs (1,048,576 blocks; block 0 RFC 8439's state):
 - `author`: `optimize(vmap(chacha_loop("fori")), kernel=True)`, the state (N, 4, 4);
@@ -18,9 +20,12 @@ Each compiles and runs in a child process of its own with
 is not one of its flags there and stops it). Per program: run time (`_common.paired`: the
 median of 7 calls after a warm-up), compile seconds, bit for bit against RFC 8439's block, and
 the LLO operations of each kernel's last Mosaic stage (`post-finalize-llo`), all and inside its
-loop. These are operations, not VLIW
-bundles: libtpu's own dump (`--xla_jf_dump_to`, `--xla_jf_dump_llo_text=true`) has the bundles,
-but wrote 5,280 files for these five programs (more than a call brings back), so it is off here.
+loop. These are operations, not VLIW bundles: libtpu's own dump (`--xla_jf_dump_to`,
+`--xla_jf_dump_llo_text=true`) has the bundles, of XLA's fusions too, but wrote 5,280 files for
+five programs, more than a call brings back; `--bundles` turns it on and packs each program's
+into one `$OUT/bundles-<program>.tar.xz` of at most 15 MiB (all of it, or the files named for
+LLO, bundles or schedules first, then the largest) with a manifest of every file beside it.
+Mind the 8 files a call brings back: two programs with `--bundles` make five.
 Prints one JSON line per program; with `OUT` set, writes `$OUT/tpu_dump.json` and the Mosaic
 dumps as `$OUT/mosaic.tar.xz` (not with `--quick`, whose children run on the CPU).
 """
@@ -39,6 +44,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PROGRAMS = ("author", "word", "hand", "hand_unroll2", "hand_unroll", "hand_r32")
+# more, named on the command line: the pass's kernel with other tile rows, the split XLA form
+# (XLA's own fusions of the same rounds), and JAX's Threefry draw of 2**26 words by jax.jit and
+# by the kernel (issue 47: XLA:TPU keeps its fusion's VPU busier than the ChaCha20 kernel's loop)
+MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel")
+BUNDLE_LIMIT = 15 << 20     # a file a device call brings back: 16 MiB at most
 
 
 def _hand(n: int, rows: int, unroll: int, interpret: bool):
@@ -90,10 +100,31 @@ def child(name: str, n: int, interpret: bool) -> dict:
     import jaxrewrite
     from permutations import RFC_OUT, _blocks, chacha_loop
 
+    if name.startswith("threefry"):
+        words = 64 * n                      # 2**26 at 1,048,576 blocks (the issue's size)
+        draw = lambda k: jax.random.bits(k, (words,), jnp.uint32)  # noqa: E731
+        key = jax.random.key(2026)
+        f = (jax.jit(draw) if name == "threefry_jit"
+             else jaxrewrite.optimize(draw, kernel=True, target="tpu"))
+        t = time.perf_counter()
+        compiled = f.lower(key).compile()
+        compile_s = time.perf_counter() - t
+        exact = bool(jnp.array_equal(compiled(key), jax.jit(draw)(key)))
+        run_s = _common.paired({name: lambda: compiled(key)}, repeats=7)[name]
+        return dict(program=name, words=words, run_ms=round(run_s * 1e3, 3),
+                    compile_s=round(compile_s, 2), exact=exact)
     x = _blocks(n)
     word_major = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
-    if name == "author":
+    if name in ("author_r8", "author_r32"):
+        import dataclasses
+
+        from jaxrewrite.backend import cost      # this child's own row: its process alone
+        cost.COSTS["tpu"] = dataclasses.replace(cost.COSTS["tpu"],
+                                                kernel_tile_rows=int(name[len("author_r"):]))
+    if name.startswith("author"):
         f, arg = jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=True), x
+    elif name == "split":
+        f, arg = jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=False), x
     elif name == "word":
         f = jaxrewrite.optimize(jax.vmap(chacha_loop("fori"), in_axes=2, out_axes=2),
                                 kernel=True)
@@ -106,7 +137,7 @@ def child(name: str, n: int, interpret: bool) -> dict:
     compiled = f.lower(arg).compile()
     compile_s = time.perf_counter() - t
     out = np.asarray(compiled(arg))
-    block0 = out[0] if name == "author" else out[:, :, 0]
+    block0 = out[0] if name.startswith("author") or name == "split" else out[:, :, 0]
     run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
     return dict(program=name, blocks=n, run_ms=round(run_s * 1e3, 3),
                 compile_s=round(compile_s, 2), exact=bool(np.array_equal(block0, RFC_OUT)))
@@ -132,7 +163,37 @@ def llo_ops(dump_dir: str) -> list[dict]:
     return kernels
 
 
-def run(name: str, n: int, interpret: bool, dump_root: str | None) -> dict:
+def pack(folder: str, dest: str, limit: int = BUNDLE_LIMIT) -> dict:
+    """`folder` (libtpu's own dump of one program) as one .tar.xz a device call brings back: all
+    of it where that fits `limit`, else the files whose names say LLO, bundles or schedules
+    first, the largest first, as many as fit fewer bytes before compression (8, 4, 2, 1 times
+    `limit`); and the manifest of every file (bytes, name) beside it."""
+    files = sorted((os.path.relpath(os.path.join(d, f), folder),
+                    os.path.getsize(os.path.join(d, f)))
+                   for d, _, fs in os.walk(folder) for f in fs)
+    with open(dest + ".manifest.txt", "w") as fh:
+        fh.writelines(f"{size} {name}\n" for name, size in files)
+    hints = ("llo", "bundle", "sched", "final")
+    ranked = sorted(files, key=lambda f: (not any(h in f[0].lower() for h in hints), -f[1]))
+    for budget in (float("inf"), 8 * limit, 4 * limit, 2 * limit, limit):
+        chosen, total = [], 0
+        for name, size in ranked:
+            if total + size <= budget:
+                chosen.append(name)
+                total += size
+        with tempfile.NamedTemporaryFile("w", delete=False, suffix=".txt") as lst:
+            lst.write("".join(f + "\n" for f in chosen))
+        subprocess.run(["tar", "cJf", dest, "-C", folder, "-T", lst.name], check=False)
+        os.unlink(lst.name)
+        if chosen and os.path.exists(dest) and os.path.getsize(dest) <= limit:
+            return dict(files=len(files), packed=len(chosen), bytes=os.path.getsize(dest))
+    if os.path.exists(dest):
+        os.unlink(dest)
+    return dict(files=len(files), packed=0, bytes=0)
+
+
+def run(name: str, n: int, interpret: bool, dump_root: str | None,
+        bundles: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if interpret:       # Pallas's interpreter runs on the CPU; a chip the caller holds opens once
         env["JAX_PLATFORMS"] = "cpu"
@@ -141,6 +202,9 @@ def run(name: str, n: int, interpret: bool, dump_root: str | None) -> dict:
         dump = os.path.join(dump_root, name)
         env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "")
                                    + f" --xla_mosaic_dump_to={dump}").strip()
+        if bundles:     # libtpu's own dump: the VLIW bundles, of XLA's fusions and the kernels
+            env["LIBTPU_INIT_ARGS"] += (f" --xla_jf_dump_to={dump}-jf"
+                                        " --xla_jf_dump_llo_text=true")
     cmd = [sys.executable, __file__, "--child", name, str(n)] + (["--interpret"] if interpret
                                                                  else [])
     try:
@@ -153,6 +217,8 @@ def run(name: str, n: int, interpret: bool, dump_root: str | None) -> dict:
     row = rows[0]
     if dump:
         row["kernels"] = llo_ops(dump)
+    if dump and bundles and os.path.isdir(dump + "-jf"):
+        row["bundles"] = pack(dump + "-jf", os.path.join(bundles, f"bundles-{name}.tar.xz"))
     return row
 
 
@@ -164,13 +230,17 @@ def main(argv=None) -> list[dict]:
         return []
     quick = "--quick" in args
     names = [a for a in args if not a.startswith("--")] or list(PROGRAMS)
+    unknown = [a for a in names if a not in PROGRAMS + MORE]
+    if unknown:
+        raise SystemExit(f"unknown programs {unknown}: of {PROGRAMS + MORE}")
     n = 4096 if quick else 1 << 20
     out = None if quick else os.environ.get("OUT")     # a smoke run writes over no result
+    bundles = out if "--bundles" in args else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         dump_root = None if quick else os.path.join(tmp, "mosaic")
         for name in names:
-            rows.append(run(name, n, quick, dump_root))
+            rows.append(run(name, n, quick, dump_root, bundles))
             print(json.dumps(rows[-1]), flush=True)
         if out:
             with open(os.path.join(out, "tpu_dump.json"), "w") as fh:

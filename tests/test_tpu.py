@@ -259,3 +259,26 @@ def test_the_op_profile_the_chip_s_benches_take_adds_up():
         assert abs(sum(p["by_kind"].values()) - p["total_ms"]) <= 1e-3 * max(p["total_ms"], 1)
         assert all(ms >= 0 and n >= 1 for _, ms, n, _ in p["top"])
     assert len(b["top"]) > len(a["top"])
+
+
+def test_the_dump_bench_packs_what_a_device_call_brings_back(tmp_path):
+    """`tpu_dump.pack`: libtpu's dump of a program as one archive under the size a device call
+    brings back, the LLO files first where all of it does not fit, and a manifest of all."""
+    import tarfile
+
+    import tpu_dump
+    dump = tmp_path / "jf"
+    (dump / "sub").mkdir(parents=True)
+    (dump / "sub" / "kernel-llo-final.txt").write_text("bundle { vadd.s32 }\n" * 50)
+    (dump / "notes.txt").write_text("x" * 1000)
+    (dump / "blob.bin").write_bytes(np.random.default_rng(0).bytes(300_000))  # incompressible
+    dest = str(tmp_path / "bundles-k.tar.xz")
+    everything = tpu_dump.pack(str(dump), dest, limit=1 << 20)
+    assert everything == dict(files=3, packed=3, bytes=os.path.getsize(dest))
+    some = tpu_dump.pack(str(dump), dest, limit=100_000)
+    assert some["files"] == 3 and some["packed"] == 2 and some["bytes"] <= 100_000
+    with tarfile.open(dest) as tar:
+        assert sorted(tar.getnames()) == ["notes.txt", "sub/kernel-llo-final.txt"]
+    with open(dest + ".manifest.txt") as fh:
+        manifest = fh.read().split()
+    assert manifest[1::2] == ["blob.bin", "notes.txt", "sub/kernel-llo-final.txt"]
