@@ -184,6 +184,51 @@ def test_never_worse_sweep_rule(runner):
     assert W.violations(dict(m, contract="differs"))[0].startswith("outputs differ")
 
 
+def test_never_worse_sweep_calls_a_slow_form_fewer_times(runner, monkeypatch):
+    """A sample's calls follow the slowest form's call, and the rounds fit the sampling budget:
+    a form thousands of times slower than jax.jit (the TPU's forms run by XLA:CPU in a dry run:
+    44 s a call) does not hold the sweep for as many calls as jax.jit's."""
+    import jax.numpy as jnp
+
+    import never_worse_sweep as W
+
+    class Slow:
+        fn = staticmethod(lambda x: jnp.sin(x) * 2.0)
+        args = (jnp.ones(64, jnp.float32),)
+
+    plain = W._makers
+
+    def makers(fn, target):
+        m = plain(fn, target)
+        m["opt"] = lambda: _Delayed(m["jit"]())
+        return m
+
+    class _Delayed:            # jax.jit's program, every call of it 50 ms late
+        def __init__(self, jitted):
+            self.jitted, self.c = jitted, None
+
+        def lower(self, *a):
+            self.c = self.jitted.lower(*a).compile()
+            return self
+
+        def compile(self):
+            return self
+
+        def __call__(self, *a):
+            import time
+            time.sleep(0.05)
+            return self.c(*a)
+
+        def as_text(self):
+            return self.c.as_text()
+
+    monkeypatch.setattr(W, "_makers", makers)
+    monkeypatch.setattr(W, "SAMPLING_S", 0.12)       # 2 rounds of a 50 ms call
+    m = W.measure(Slow(), rounds=5)
+    assert m["calls_per_sample"] == 1 and 1 <= m["rounds"] <= 2
+    assert m["run"] > 10 and m["bits"]
+
+
 def test_models_phases_reads_xla_timers(runner):
     """`models.py --phases` takes a timer's last reading, in XLA's exact microseconds, and a
     timer that never logged reads as NaN (a compile whose logging was off is not a zero)."""
