@@ -3,6 +3,7 @@
 
     python bench/never_worse_sweep.py --out DIR [--budget 500] [--resume] [--sizes 4096,65536]
         [--n 400] [--seed 0] [--kinds perf,real] [--max-rounds 24] [--target tpu]
+        [--match TEXT]      only the drawn programs whose recipe holds TEXT
 
 Programs: the generators of tests/test_never_worse.py (`jaxrewrite.strategies.perf_programs`:
 ARX rounds and stencils; `real_code_recipes`: static updates, state machines, symmetry groups),
@@ -306,6 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-rounds", type=int, default=24)
     ap.add_argument("--target", default=None, help="optimize's target (default: the backend's)")
     ap.add_argument("--first-call-limit", type=float, default=120.0)
+    ap.add_argument("--match", default=None,
+                    help="only the drawn programs whose recipe contains this text")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     os.makedirs(a.out, exist_ok=True)
@@ -319,17 +322,19 @@ def main(argv=None) -> int:
     import hypothesis
     sizes = [int(s) for s in a.sizes.split(",")]
     recipes = draw(a.n, a.seed, tuple(a.kinds.split(",")), a.max_rounds)
+    # (with --match the draw is the same: each program keeps its index in the full run's)
+    indexed = [(k, r) for k, r in enumerate(recipes) if not a.match or a.match in repr(r)]
     records = load(path)
     done = status(records)
     append(path, dict(kind="session", argv=sys.argv[1:] if argv is None else argv,
                       jax=jax.__version__, hypothesis=hypothesis.__version__,
                       date=time.strftime("%Y-%m-%d %H:%M:%S"), drawn=len(recipes),
                       **_common.device()))
-    print(f"never-worse sweep: {jax.default_backend()}, {len(recipes)} programs x {sizes}, "
+    print(f"never-worse sweep: {jax.default_backend()}, {len(indexed)} programs x {sizes}, "
           f"{len(done)} in the file, budget {a.budget:.0f} s -> {path}", flush=True)
     recent: list[float] = []
     measured = 0
-    for k, recipe in enumerate(recipes):
+    for k, recipe in indexed:
         for size in sizes:
             r = at_size(recipe, size)
             key = (repr(r), size)

@@ -184,6 +184,20 @@ def test_never_worse_sweep_rule(runner):
     assert W.violations(dict(m, contract="differs"))[0].startswith("outputs differ")
 
 
+def test_never_worse_sweep_measures_only_what_match_names(tmp_path, runner):
+    """`--match TEXT`: of the same draw, only the programs whose recipe holds TEXT, each under
+    its index in the full draw (a device call re-measures chosen programs)."""
+    import never_worse_sweep as W
+    drawn = W.draw(6, 0, max_rounds=2)
+    want = type(drawn[-1]).__name__
+    assert W.main(["--out", str(tmp_path), "--sizes", "64", "--n", "6", "--max-rounds", "2",
+                   "--target", "tpu", "--match", want, "--budget", "300"]) == 0
+    results = [r for r in W.load(str(tmp_path / W.FILE)) if r["kind"] == "result"]
+    assert results and all(r["recipe"].startswith(want + "(") for r in results)
+    assert {r["index"] for r in results} == {k for k, d in enumerate(drawn)
+                                             if type(d).__name__ == want}
+
+
 def test_never_worse_sweep_calls_a_slow_form_fewer_times(runner, monkeypatch):
     """A sample's calls follow the slowest form's call, and the rounds fit the sampling budget:
     a form thousands of times slower than jax.jit (the TPU's forms run by XLA:CPU in a dry run:
