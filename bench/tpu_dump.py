@@ -25,7 +25,7 @@ loop. These are operations, not VLIW bundles: libtpu's own dump (`--xla_jf_dump_
 five programs, more than a call brings back; `--bundles` turns it on and packs each program's
 into one `$OUT/bundles-<program>.tar.xz` of at most 15 MiB (all of it, or the files named for
 LLO, bundles or schedules first, then the largest) with a manifest of every file beside it.
-Mind the 8 files a call brings back: two programs with `--bundles` make five.
+Mind the 8 files a call brings back: three programs with `--bundles` make eight.
 Prints one JSON line per program; with `OUT` set, writes `$OUT/tpu_dump.json` and the Mosaic
 dumps as `$OUT/mosaic.tar.xz` (not with `--quick`, whose children run on the CPU).
 """
@@ -46,7 +46,7 @@ ROOT = os.path.dirname(HERE)
 PROGRAMS = ("author", "word", "hand", "hand_unroll2", "hand_unroll", "hand_r32")
 # more, named on the command line: the pass's kernel with other tile rows, the split XLA form
 # (XLA's own fusions of the same rounds), and JAX's Threefry draw of 2**26 words by jax.jit and
-# by the kernel (issue 47: XLA:TPU keeps its fusion's VPU busier than the ChaCha20 kernel's loop)
+# by the kernel (issues 44, 47: does XLA's fusion keep the VPU busier than the kernels' loops?)
 MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel")
 BUNDLE_LIMIT = 15 << 20     # a file a device call brings back: 16 MiB at most
 
