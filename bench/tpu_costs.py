@@ -346,7 +346,12 @@ def reroll(quick: bool) -> None:
                                                                       reroll=True), {}),
                  "optimize reroll=True, the CPU's rolled form": (
                      lambda: jaxrewrite.optimize(lambda *a: step(*a), reroll=True),
-                     {"costs": CPU_ROLLED})}
+                     {"costs": CPU_ROLLED}),
+                 # the CPU form's recompute alone (the weights stacked, not read from lists at
+                 # runtime offsets): which of its three parts the TPU's step time follows
+                 "optimize reroll=True, recompute only": (
+                     lambda: jaxrewrite.optimize(lambda *a: step(*a), reroll=True),
+                     {"costs": {"reroll_recompute": True}})}
         first, fns, losses, hlo = {}, {}, {}, {}
         for form, (make, row) in forms.items():
             jax.clear_caches()
