@@ -282,3 +282,20 @@ def test_the_dump_bench_packs_what_a_device_call_brings_back(tmp_path):
     with open(dest + ".manifest.txt") as fh:
         manifest = fh.read().split()
     assert manifest[1::2] == ["blob.bin", "notes.txt", "sub/kernel-llo-final.txt"]
+
+
+def test_the_chip_s_reroll_rows_run_on_any_host(monkeypatch):
+    """bench/tpu_costs.py's reroll section (issue 46, run on the chip) at its quick size here:
+    a row per form, each form's loss jax.jit's (within 1e-5), the hand scan's loop in its
+    module, and with --profile each form's ops."""
+    import tpu_costs
+    monkeypatch.setattr(tpu_costs, "ROWS", [])
+    monkeypatch.setattr(tpu_costs, "PROFILE", [True])
+    monkeypatch.delenv("OUT", raising=False)
+    tpu_costs.reroll(quick=True)
+    rows = {r["form"]: r for r in tpu_costs.ROWS}
+    assert {"jit", "jit, layers in lax.scan by hand", "optimize reroll=True",
+            "optimize reroll=True, recompute only"} <= set(rows)
+    assert all(r["loss_rel"] <= 1e-5 and r["run_ratio"] > 0 for r in rows.values()), rows
+    assert rows["jit, layers in lax.scan by hand"]["hlo"].get("loop:fusion", 0) > 0
+    assert all(r["profile"]["total_ms"] > 0 for r in rows.values())
