@@ -498,8 +498,8 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode,
     if mode == "auto" and plan.piece_elements < c.min_piece_elements:
         return (f"pieces of {plan.piece_elements} elements: on {target} a loop per piece costs "
                 f"more than the permutation (minimum {c.min_piece_elements})")
-    kernel_takes = kernel_on(kernel, target) and (
-        kernel is True or plan.piece_elements >= c.kernel_min_elements)
+    kernel_takes = (kernel_on(kernel, target)
+                    and kernel_size_reason(plan.piece_elements, kernel, target) is None)
     if (mode == "auto" and c.nokernel_max_eqns and not kernel_takes
             and plan.eqns_after > c.nokernel_max_eqns
             and plan.eqns_after > c.nokernel_max_growth * plan.eqns_before):
@@ -932,16 +932,26 @@ def kernel_on(mode, target: str | None) -> bool:
     return mode is True or (mode == "auto" and costs(target).kernel_min_elements > 0)
 
 
+def kernel_size_reason(elements: int, mode, target: str | None) -> str | None:
+    """Why pieces of `elements` are too small for a kernel on `target`, else None (also what
+    scalarize asks: a split no kernel will take compiles as fusions)."""
+    c = costs(target)
+    if mode is not True and elements < c.kernel_min_elements:
+        return (f"pieces of {elements} elements, fewer than {c.kernel_min_elements} (the "
+                f"{target} row's kernel_min_elements: below it a kernel was not measured to "
+                f"pay)")
+    return None
+
+
 def kernel_decision(elements: int, eqns: int, loops: int, mode, target: str | None) -> str | None:
     """None where a region of `eqns` equations (`loops` of them loops) on pieces of `elements`
     gets a kernel, else why not. `kernel=True`: wherever one can be emitted."""
     if mode is True:
         return None
     c = costs(target)
-    if elements < c.kernel_min_elements:
-        return (f"pieces of {elements} elements, fewer than {c.kernel_min_elements} (the "
-                f"{target} row's kernel_min_elements: below it a kernel was not measured to "
-                f"pay)")
+    small = kernel_size_reason(elements, mode, target)
+    if small is not None:
+        return small
     if not loops and eqns < c.kernel_min_eqns:
         return (f"{eqns} equations and no loop, fewer than {c.kernel_min_eqns} (the {target} "
                 f"row's kernel_min_eqns: XLA fuses a short region into one kernel already)")
