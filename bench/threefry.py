@@ -86,10 +86,13 @@ def _same(a, b) -> bool:
     return bool(jnp.array_equal(a, b))
 
 
+PROFILED = ("jit", "optimize kernel=True", "jit rbg (other bits)")   # with --profile
+
+
 def table(program: str, n: int, variants: dict, repeats: int,
-          twice=("jit", "optimize")) -> list[dict]:
+          twice=("jit", "optimize"), profile: bool = False) -> list[dict]:
     """`variants`: name -> (maker of a fresh jitted callable, cost-row overrides, its args,
-    whether its output must be `jit`'s)."""
+    whether its output must be `jit`'s). `profile`: the `PROFILED` variants' ops too."""
     compiles = {k: [] for k in variants}
     compiled, facts = {}, {}
     for rnd in range(2):
@@ -115,8 +118,7 @@ def table(program: str, n: int, variants: dict, repeats: int,
             compile_ratio_jit=comp / statistics.median(compiles["jit"]),
             compile_samples=compiles[name], exact=_same(out, ref) if checked else None,
             **facts[name]))
-        if "--profile" in sys.argv[1:] and name in ("jit", "optimize kernel=True",
-                                                    "jit rbg (other bits)"):
+        if profile and name in PROFILED:
             rows[-1]["profile"] = _common.op_profile(lambda c=compiled[name]: c(*args))
         del out
         r = rows[-1]   # (as it comes: a run stopped from outside keeps what it measured)
@@ -139,29 +141,30 @@ def _variants(f, key, rows_sweep=(), rbg=None) -> dict:
     return v
 
 
-def main(quick: bool = False) -> list[dict]:
+def main(quick: bool = False, profile: bool = False) -> list[dict]:
     key, rbg = jax.random.key(2026), jax.random.key(2026, impl="rbg")
     reps = 5 if quick else 7
     sweep = (16, 64) if quick else (16, 128, 512, 2048)
     rows = []
     for n in ((1 << 14, 1 << 16) if quick else (1 << 24, 1 << 26)):
-        rows += table("bits uint32", n, _variants(bits((n,)), key, sweep, rbg), reps)
+        rows += table("bits uint32", n, _variants(bits((n,)), key, sweep, rbg), reps,
+                      profile=profile)
     shape = (2, 8, 4096) if quick else (16, 256, 4096)
     rows += table(f"dropout mask bf16 {shape}", int(jnp.prod(jnp.array(shape))),
-                  _variants(dropout_mask(shape), key, sweep), reps)
+                  _variants(dropout_mask(shape), key, sweep), reps, profile=profile)
     for n in ((1 << 12, 1 << 13) if quick else (1 << 16, 1 << 18, 1 << 20)):
         f = bits((n,))
         rows += table("bits uint32 (threshold)", n, {
             "jit": (lambda f=f: jax.jit(f), {}, (key,), True),
             "optimize kernel=True": (lambda f=f: _opt(kernel=True)(f), {}, (key,), True)},
-            reps, twice=())
+            reps, twice=(), profile=profile)
     return rows
 
 
 def cli() -> dict:
     quick = "--quick" in sys.argv[1:]
     t0 = time.perf_counter()
-    rows = main(quick)
+    rows = main(quick, profile="--profile" in sys.argv[1:])
     row = _cost.costs("tpu")
     return dict(name=NAME, quick=quick, jax=jax.__version__, backend=jax.default_backend(),
                 devices=[str(d) for d in jax.devices()], date=time.strftime("%Y-%m-%d %H:%M:%S"),
