@@ -397,9 +397,16 @@ def tpu_custom_calls(cj, *args) -> list[str]:
     """The custom calls (their targets, in order) of `cj` lowered for the TPU on this host:
     Pallas's TPU lowering runs for every kernel emitted for Mosaic (`backend.mosaic.emit_for`),
     and raises where it has no rule for a primitive the kernel holds. The module is walked,
-    not read as text."""
-    lowered = jax.jit(lambda *a: C.eval_jaxpr(cj, *a)).trace(*args).lower(
-        lowering_platforms=("tpu",))
+    not read as text.
+
+    Where libtpu is installed and this host has no TPU (the `tpu-aot` extra), `cj` is also
+    compiled for a TPU v5e (`backend.xla.tpu_compile`): Mosaic compiles every kernel and raises
+    where the chip's compile would (on a TPU host the tests run the kernels themselves)."""
+    from .backend import xla as _xla
+    fn = jax.jit(lambda *a: C.eval_jaxpr(cj, *a))
+    lowered = fn.trace(*args).lower(lowering_platforms=("tpu",))
+    if _xla.tpu_aot_available() and jax.default_backend() != "tpu":
+        _xla.tpu_compile(fn, *args)
     targets = []
 
     def visit(op):

@@ -20,6 +20,7 @@ from jaxrewrite import _compat as C
 from jaxrewrite import _walk
 from jaxrewrite.backend import cost as _cost
 from jaxrewrite.backend import mosaic
+from jaxrewrite.backend import xla as _xla
 from jaxrewrite.testing import (assert_bitwise_equal, assert_equivalent, primitive_counts,
                                 tpu_custom_calls)
 
@@ -389,6 +390,66 @@ def test_every_table_primitive_is_bit_exact_and_lowers_for_the_tpu():
     assert (stats["pieces_in"], stats["scalars_in"], stats["pieces_out"]) == (2, 1, 3)
     cj, targets = _lowers_for_tpu(f, a, b, k)
     assert targets == ["tpu_custom_call"] and len(_kernels(cj)) == 1
+
+
+_DEVICELESS = pytest.mark.skipif(
+    not _xla.tpu_aot_available() or jax.default_backend() == "tpu",
+    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra) on a host without one")
+
+
+def _one_op_kernel(op, dtype):
+    """A Pallas kernel applying `op` to two (16, 128) tiles a grid step: the table's question
+    (does Mosaic compile this primitive on this dtype?) asked with nothing else in the kernel."""
+    from jax.experimental import pallas as pl
+
+    def body(a_ref, b_ref, o_ref):
+        o_ref[...] = op(a_ref[...], b_ref[...]).astype(o_ref.dtype)
+
+    spec = pl.BlockSpec((16, 128), lambda i: (i, 0))
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((64, 128), dtype), grid=(4,),
+                          in_specs=[spec, spec], out_specs=spec)
+
+
+@_DEVICELESS
+@pytest.mark.parametrize("op", [lax.max, lax.min], ids=["max", "min"])
+def test_mosaic_compiles_signed_max_and_refuses_unsigned_as_the_table_says(op):
+    """Why the table admits max/min on int32 only, checked by Mosaic's own compile for a TPU v5e
+    on this host: the signed kernel compiles, the unsigned one is refused, as on the chip on
+    Dec 6. If a newer libtpu compiles it, the table's row can be widened (after the bits are
+    checked on the chip)."""
+    assert mosaic.KERNEL_PRIMITIVES[op.__name__] == ("int32",)
+    spec = jax.ShapeDtypeStruct((64, 128), np.int32)
+    assert _xla.launches(_xla.tpu_compile(_one_op_kernel(op, np.int32), spec, spec)) == {
+        "custom-call": 1}
+    uspec = jax.ShapeDtypeStruct((64, 128), np.uint32)
+    with pytest.raises(Exception):
+        _xla.tpu_compile(_one_op_kernel(op, np.uint32), uspec, uspec)
+
+
+@_DEVICELESS
+def test_mosaic_refuses_a_select_between_masks_that_the_pass_writes_as_logic():
+    """`kernel._select` computes a select between booleans with and/or/not because Mosaic does
+    not compile a select of masks: refused here as on the chip; the pass's form compiles."""
+    spec = jax.ShapeDtypeStruct((64, 128), np.int32)
+    between_masks = lambda a, b: jnp.where(a > b, a < 5, b < 7)            # noqa: E731
+    as_logic = lambda a, b: ((a > b) & (a < 5)) | (~(a > b) & (b < 7))       # noqa: E731
+    with pytest.raises(Exception):
+        _xla.tpu_compile(_one_op_kernel(between_masks, np.int32), spec, spec)
+    assert _xla.launches(_xla.tpu_compile(_one_op_kernel(as_logic, np.int32), spec, spec)) == {
+        "custom-call": 1}
+
+
+@_DEVICELESS
+def test_the_author_s_code_compiles_for_the_tpu_with_x64_on_and_off():
+    """bench/author_chacha.py as written, through optimize with the defaults for the TPU, and
+    compiled by XLA:TPU and Mosaic for a TPU v5e here: one kernel launch and its glue, with
+    x64 off and on (int64 grid index maps failed Mosaic's compile on the chip)."""
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            f = jaxrewrite.optimize(jax.vmap(A.fresh_copy().block), target="tpu")
+            n = 1 << 16          # (from `kernel_min_elements`: the default takes the kernel)
+            compiled = _xla.tpu_compile(f, jax.ShapeDtypeStruct((n, 4, 4), np.uint32))
+            assert _xla.launches(compiled).get("custom-call") == 1, x64
 
 
 def test_chacha_kernels_lower_for_the_tpu():

@@ -1,4 +1,4 @@
-"""Compile and count: what XLA made of a program (CPU fusions, GPU kernels with no GPU).
+"""Compile and count: what XLA made of a program (CPU fusions, GPU and TPU programs with neither).
 
 Counting walks the optimized HLO module structurally (`compiled.runtime_executable()
 .hlo_modules()` → `HloModule.make_nonfusion_computations()` → `HloInstruction.opcode`), never
@@ -11,6 +11,12 @@ GPU kernels are counted with XLA's deviceless CUDA compiler: a compile-only H200
 set before jax is imported (with no GPU present the CUDA plugin otherwise fails at start).
 Autotuning is skipped deviceless, so GEMM tile choices are defaults; elementwise, gather and
 reduction fusion decisions come from the same cost model a real H200 uses.
+
+TPU programs are compiled the same way with libtpu's own compiler (the `tpu-aot` extra: libtpu
+at jax's version), for a compile-only TPU v5e, on a host with no TPU: XLA:TPU's whole pipeline
+and Mosaic's compile of every Pallas kernel. It fails where the chip's compile fails (it refused
+unsigned max and min, a select between masks, and int64 grid index maps, as the chip did on
+Dec 6), which `jax.export` for the TPU, running only Pallas's lowering, does not see.
 """
 from __future__ import annotations
 
@@ -138,3 +144,46 @@ def gpu_compile(fn: Callable, *specs, target: str = "h200"):
     """
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     return jitted.trace(*gpu_specs(*specs, target=target)).lower().compile()
+
+
+# --- deviceless TPU ------------------------------------------------------------------------------
+
+TPU_TOPOLOGY = "v5e:1x1"    # the chip the device tool lends: one TPU v5e (`TPU v5 lite`)
+
+
+def tpu_aot_available() -> bool:
+    """Whether libtpu (the `tpu-aot` extra) is importable in this environment."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _tpu_sharding(topology: str):
+    if not tpu_aot_available():
+        raise ImportError("compiling for the TPU with no TPU needs the tpu-aot extra: "
+                          "pip install 'jaxrewrite[tpu-aot]' (libtpu at jax's version)")
+    from jax.experimental import topologies
+    # libtpu takes a lock file so that one process holds a host's chips; compiling for no chip
+    # holds none, and pytest-xdist's workers each load libtpu
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # (libtpu asks the host for a TPU first and logs that it found none; then it builds the
+    # topology it is given: one host of one chip)
+    topo = topologies.get_topology_desc(topology, "tpu", chips_per_host_bounds=(1, 1, 1))
+    return jax.sharding.SingleDeviceSharding(topo.devices[0])
+
+
+def tpu_specs(*specs, topology: str = TPU_TOPOLOGY) -> list:
+    """`specs` (arrays or ShapeDtypeStructs) placed on a compile-only TPU of `topology`."""
+    sharding = _tpu_sharding(topology)
+    return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+
+
+def tpu_compile(fn: Callable, *specs, topology: str = TPU_TOPOLOGY):
+    """Compile `fn` (a function, `jax.jit` or `optimize` object) for a TPU, deviceless.
+
+    Kernels that `fn`'s rewrite emits are emitted for Mosaic (`mosaic.emit_for("tpu")`), not
+    for Pallas's interpreter, whatever this process runs on. The result can be inspected
+    (`launches`, `hlo_modules`), not run."""
+    from . import mosaic
+    jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+    with mosaic.emit_for("tpu"):
+        return jitted.trace(*tpu_specs(*specs, topology=topology)).lower().compile()
