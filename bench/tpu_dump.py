@@ -89,32 +89,24 @@ def _hand(n: int, rows: int, unroll: int, interpret: bool):
     return f
 
 
-def child(name: str, n: int, interpret: bool) -> dict:
-    """Compile and run one program in this process; its row."""
+def build(name: str, n: int, interpret: bool = False):
+    """(the function, its argument) of a program: `n` blocks (Threefry: 64 words a block), for
+    the TPU (`target="tpu"`: the same rewrite where this process has no TPU, `bench/tpu_aot.py`)."""
     sys.path.insert(0, HERE)
-    import _common
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import jaxrewrite
-    from permutations import RFC_OUT, _blocks, chacha_loop
+    from permutations import _blocks, chacha_loop
 
     if name.startswith("threefry"):
         words = 64 * n                      # 2**26 at 1,048,576 blocks (the issue's size)
         draw = lambda k: jax.random.bits(k, (words,), jnp.uint32)  # noqa: E731
-        key = jax.random.key(2026)
         f = (jax.jit(draw) if name == "threefry_jit"
              else jaxrewrite.optimize(draw, kernel=True, target="tpu"))
-        t = time.perf_counter()
-        compiled = f.lower(key).compile()
-        compile_s = time.perf_counter() - t
-        exact = bool(jnp.array_equal(compiled(key), jax.jit(draw)(key)))
-        run_s = _common.paired({name: lambda: compiled(key)}, repeats=7)[name]
-        return dict(program=name, words=words, run_ms=round(run_s * 1e3, 3),
-                    compile_s=round(compile_s, 2), exact=exact)
+        return f, jax.random.key(2026)
     x = _blocks(n)
-    word_major = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
     if name in ("author_r8", "author_r32"):
         import dataclasses
 
@@ -122,20 +114,37 @@ def child(name: str, n: int, interpret: bool) -> dict:
         cost.COSTS["tpu"] = dataclasses.replace(cost.COSTS["tpu"],
                                                 kernel_tile_rows=int(name[len("author_r"):]))
     if name.startswith("author"):
-        f, arg = jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=True), x
-    elif name == "split":
-        f, arg = jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=False), x
-    elif name == "word":
-        f = jaxrewrite.optimize(jax.vmap(chacha_loop("fori"), in_axes=2, out_axes=2),
-                                kernel=True)
-        arg = word_major
-    else:
-        f = _hand(n, 32 if name == "hand_r32" else 16,
-                  {"hand_unroll2": 2, "hand_unroll": 10}.get(name, 1), interpret)
-        arg = word_major
+        return jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=True, target="tpu"), x
+    if name == "split":
+        return jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=False,
+                                   target="tpu"), x
+    word_major = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
+    if name == "word":
+        return jaxrewrite.optimize(jax.vmap(chacha_loop("fori"), in_axes=2, out_axes=2),
+                                   kernel=True, target="tpu"), word_major
+    return _hand(n, 32 if name == "hand_r32" else 16,
+                 {"hand_unroll2": 2, "hand_unroll": 10}.get(name, 1), interpret), word_major
+
+
+def child(name: str, n: int, interpret: bool) -> dict:
+    """Compile and run one program in this process; its row."""
+    sys.path.insert(0, HERE)
+    import _common
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from permutations import RFC_OUT
+
+    f, arg = build(name, n, interpret)
     t = time.perf_counter()
     compiled = f.lower(arg).compile()
     compile_s = time.perf_counter() - t
+    if name.startswith("threefry"):
+        draw = lambda k: jax.random.bits(k, (64 * n,), jnp.uint32)  # noqa: E731
+        exact = bool(jnp.array_equal(compiled(arg), jax.jit(draw)(arg)))
+        run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
+        return dict(program=name, words=64 * n, run_ms=round(run_s * 1e3, 3),
+                    compile_s=round(compile_s, 2), exact=exact)
     out = np.asarray(compiled(arg))
     block0 = out[0] if name.startswith("author") or name == "split" else out[:, :, 0]
     run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]

@@ -299,3 +299,46 @@ def test_the_chip_s_reroll_rows_run_on_any_host(monkeypatch):
     assert all(r["loss_rel"] <= 1e-5 and r["run_ratio"] > 0 for r in rows.values()), rows
     assert rows["jit, layers in lax.scan by hand"]["hlo"].get("loop:fusion", 0) > 0
     assert all(r["profile"]["total_ms"] > 0 for r in rows.values())
+
+
+_FAKE_BUNDLES = """\
+     0   :  { %s1 = smov 0 }
+   0x1 LB: > { %v2 = vadd.s32 %v1, %v1 ;; %p1 = scmp.ge.s32.totalorder %s1, 3 /* loop exit test */ }
+   0x2   : > { %v3 = vxor.u32 %v2, %v2 }
+   0x3 LB: >> { %v4 = vshll.u32 %v3, 7 ;; %v5 = vshrl.u32 %v3, 25 ;; %p2 = scmp.ge.s32.totalorder %s2, 5 /* loop exit test */ }
+   0x4   :  {}
+   0x5   : >> { %v6 = vor.u32 %v4, %v5 ;; %7 = vst [vmem:[#a]] %v6 }
+   0x6   : > { %8 = vsyncadd [#b], 1 }
+   0x7 LB: > { %v9 = vadd.s32 %v6, %v6 ;; %p3 = scmp.ge.s32.totalorder %s3, 2 /* loop exit test */ }
+   0x8   :  { %s10 = smov 1 }
+"""
+
+
+def test_the_bundle_counter_multiplies_each_bundle_by_its_loops_trips(tmp_path):
+    """bench/tpu_aot.py's reading of libtpu's final bundles (a made-up dump of its form): a loop
+    of 3 trips holding one of 5, then a loop of 2; an empty bundle keeps its loop's depth."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import tpu_aot
+    path = tmp_path / "1-k-66-final_bundles.txt"
+    path.write_text(_FAKE_BUNDLES)
+    got = tpu_aot.bundles(str(path))
+    # 0, 8: once; 1, 2, 6: 3 times; 3, 4, 5: 15 times; 7: twice
+    assert (got["bundles"], got["dynamic"], got["loops"]) == (9, 2 + 9 + 45 + 2, [3, 5, 2])
+    assert got["loop_ops"]["vadd"] == 2 and "vst" in got["loop_ops"]
+    assert got["valu_per_loop_bundle"] == round(6 / 7, 2)    # (vst and vsyncadd are not ALU)
+
+
+@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
+                    or jax.default_backend() == "tpu",
+                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+def test_the_deviceless_bundle_bench_reads_xla_s_threefry_loop(tmp_path):
+    """`bench/tpu_aot.py` on JAX's Threefry draw by jax.jit (524,288 words): the key's words and
+    the draw, whose loop keeps the VALU near its 4 slots, the dynamic count above the static
+    one. (At 65,536 words XLA emits no loop: straight-line bundles.)"""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import tpu_aot
+    (row,) = tpu_aot.main(["threefry_jit", "--n", "8192", "--out", str(tmp_path)])
+    assert row["launches"] == {"fusion": 2}, row        # (the key's words, then the draw)
+    (draw,) = [p for p in row["parts"].values() if p["loops"]]
+    assert draw["dynamic"] > draw["bundles"] and 3.0 < draw["valu_per_loop_bundle"] <= 4.0
+    assert (tmp_path / "tpu_aot.json").exists()

@@ -39,6 +39,9 @@ LAUNCH_OPCODES = frozenset({
     "convolution", "fft", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
     "collective-permute", "dynamic-slice", "dynamic-update-slice", "transpose", "slice",
     "reverse", "broadcast", "iota", "rng", "rng-bit-generator",
+    # (a reshape left in an optimized module is not a bitcast: on the TPU, a relayout between
+    # tilings, the glue around a kernel)
+    "reshape",
 })
 
 
