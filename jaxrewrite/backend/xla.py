@@ -133,9 +133,15 @@ def _devices_or_empty():
 
 
 def gpu_specs(*specs, target: str = "h200") -> list:
-    """`specs` (arrays or ShapeDtypeStructs) placed on the compile-only GPU of `target`."""
-    sharding = _gpu_sharding(target)
-    return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+    """`specs` (pytrees of arrays or ShapeDtypeStructs) placed on the compile-only GPU of
+    `target`."""
+    return _placed(specs, _gpu_sharding(target))
+
+
+def _placed(specs, sharding) -> list:
+    return [jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), spec)
+        for spec in specs]
 
 
 def gpu_compile(fn: Callable, *specs, target: str = "h200"):
@@ -175,9 +181,9 @@ def _tpu_sharding(topology: str):
 
 
 def tpu_specs(*specs, topology: str = TPU_TOPOLOGY) -> list:
-    """`specs` (arrays or ShapeDtypeStructs) placed on a compile-only TPU of `topology`."""
-    sharding = _tpu_sharding(topology)
-    return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+    """`specs` (pytrees of arrays or ShapeDtypeStructs) placed on a compile-only TPU of
+    `topology`."""
+    return _placed(specs, _tpu_sharding(topology))
 
 
 def tpu_compile(fn: Callable, *specs, topology: str = TPU_TOPOLOGY):
