@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NS_PER_BUNDLE = 1.0     # the calibration above
-PROGRAMS = ("author", "word", "hand", "split", "threefry_jit", "threefry_kernel")
+PROGRAMS = ("author", "word", "hand", "hand_native", "split", "threefry_jit", "threefry_kernel")
 
 _BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+(LB|LH|LE|PB|PF|CT)?:\s*(>*)\s*\{")
 _EXIT = re.compile(r"scmp\.\w+\.[su]32\.totalorder %s\w+, (\d+) /\* loop exit test")

@@ -13,7 +13,9 @@ Programs (1,048,576 blocks; block 0 RFC 8439's state):
 - `hand`, `hand_unroll2`, `hand_unroll`, `hand_r32`: one `pallas_call` written by hand in the
   design issue 41 measured (the 16 words as (rows, 128) tiles of a (16, N/128, 128) array, one
   grid step per 16 rows (32 for `hand_r32`), the 10 double rounds in a `fori_loop` inside,
-  unrolled 1, 2 or 10 times, the feed-forward add inside too).
+  unrolled 1, 2 or 10 times, the feed-forward add inside too);
+- `hand_native` (named on the command line): the same kernel reading and writing the
+  author's (N, 4, 4) state where XLA:TPU keeps it, with no relayout around it (`_native`).
 
 Each compiles and runs in a child process of its own with
 `LIBTPU_INIT_ARGS=--xla_mosaic_dump_to=DIR` (a flag libtpu reads when it starts; `--xla_dump_to`
@@ -47,7 +49,7 @@ PROGRAMS = ("author", "word", "hand", "hand_unroll2", "hand_unroll", "hand_r32")
 # more, named on the command line: the pass's kernel with other tile rows, the split XLA form
 # (XLA's own fusions of the same rounds), and JAX's Threefry draw of 2**26 words by jax.jit and
 # by the kernel (issues 44, 47: does XLA's fusion keep the VPU busier than the kernels' loops?)
-MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel")
+MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel", "hand_native")
 BUNDLE_LIMIT = 15 << 20     # a file a device call brings back: 16 MiB at most
 
 
@@ -89,6 +91,55 @@ def _hand(n: int, rows: int, unroll: int, interpret: bool):
     return f
 
 
+def _native(n: int, rows: int, interpret: bool):
+    """The hand-made kernel on the author's (N, 4, 4) state in place: no relayout around it.
+
+    XLA:TPU lays a (N, 4, 4) 32-bit array out batch-minor, `{0,2,1:T(4,128)}`: for each row r
+    of the state, the N/128 tiles of 128 blocks, each tile the 4 words of that row. That is the
+    row-major (4, N/32, 128) array V[r, 4t + c, l] = x[128t + l, r, c], so `x` viewed as V is a
+    bitcast (compiled for a TPU v5e: the kernel is the program's only launch), and word
+    (r, c) of `rows` tiles is V[r, c::4] of a (4, 4 rows, 128) block: a sublane-strided load,
+    and a strided store back. (The pass's kernel takes 16 pieces (N/128, 128); XLA makes
+    them, and the (N, 4, 4) result, with 5 relayout fusions: 650K of the program's 1.23M
+    bundles, `bench/tpu_aot.py`.)"""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def rotl(v, k):
+        return (v << k) | (v >> (32 - k))
+
+    def kernel(x_ref, o_ref):
+        words = [x_ref.at[r][pl.ds(c, rows, stride=4), :] for r in range(4) for c in range(4)]
+
+        def double_round(_, s):
+            s = list(s)
+            for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
+                               (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 16)  # noqa: E702
+                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 12)  # noqa: E702
+                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 8)   # noqa: E702
+                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 7)   # noqa: E702
+            return tuple(s)
+
+        out = jax.lax.fori_loop(0, 10, double_round, tuple(words))
+        for r in range(4):
+            for c in range(4):
+                o_ref.at[r][pl.ds(c, rows, stride=4), :] = out[4 * r + c] + words[4 * r + c]
+
+    tiles = n // 128
+    spec = pl.BlockSpec((4, 4 * rows, 128), lambda i: (0, i, 0))
+
+    @jax.jit
+    def f(x):
+        v = x.reshape(tiles, 128, 4, 4).transpose(2, 0, 3, 1).reshape(4, 4 * tiles, 128)
+        y = pl.pallas_call(kernel, grid=(tiles // rows,), in_specs=[spec], out_specs=spec,
+                           out_shape=jax.ShapeDtypeStruct((4, 4 * tiles, 128), jnp.uint32),
+                           interpret=interpret)(v)
+        return y.reshape(4, tiles, 4, 128).transpose(1, 3, 0, 2).reshape(n, 4, 4)
+    return f
+
+
 def build(name: str, n: int, interpret: bool = False):
     """(the function, its argument) of a program: `n` blocks (Threefry: 64 words a block), for
     the TPU (`target="tpu"`: the same rewrite where this process has no TPU, `bench/tpu_aot.py`)."""
@@ -113,6 +164,8 @@ def build(name: str, n: int, interpret: bool = False):
         from jaxrewrite.backend import cost      # this child's own row: its process alone
         cost.COSTS["tpu"] = dataclasses.replace(cost.COSTS["tpu"],
                                                 kernel_tile_rows=int(name[len("author_r"):]))
+    if name == "hand_native":
+        return _native(n, 16, interpret), x
     if name.startswith("author"):
         return jaxrewrite.optimize(jax.vmap(chacha_loop("fori")), kernel=True, target="tpu"), x
     if name == "split":
@@ -146,7 +199,8 @@ def child(name: str, n: int, interpret: bool) -> dict:
         return dict(program=name, words=64 * n, run_ms=round(run_s * 1e3, 3),
                     compile_s=round(compile_s, 2), exact=exact)
     out = np.asarray(compiled(arg))
-    block0 = out[0] if name.startswith("author") or name == "split" else out[:, :, 0]
+    block0 = out[0] if name in ("split", "hand_native") or name.startswith("author") else (
+        out[:, :, 0])
     run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
     return dict(program=name, blocks=n, run_ms=round(run_s * 1e3, 3),
                 compile_s=round(compile_s, 2), exact=bool(np.array_equal(block0, RFC_OUT)))

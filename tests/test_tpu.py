@@ -229,8 +229,8 @@ def test_the_mosaic_dump_bench_runs_on_any_host(tmp_path):
     one at 4,096 blocks in Pallas's interpreter, RFC 8439's block from both; and its reading of
     a Mosaic dump's last stage: the operations of the loop counted apart."""
     import tpu_dump
-    rows = tpu_dump.main(["--quick", "author", "hand"])
-    assert [r["program"] for r in rows] == ["author", "hand"]
+    rows = tpu_dump.main(["--quick", "author", "hand", "hand_native"])
+    assert [r["program"] for r in rows] == ["author", "hand", "hand_native"]
     assert all(r.get("exact") is True for r in rows), rows
     (tmp_path / "k-0018-mosaic-dump-anonymous-post-finalize-llo.txt").write_text(
         "%0 = llo.vector_load %arg1 : i32 -> vector<8x128xi32>\n"
@@ -342,3 +342,20 @@ def test_the_deviceless_bundle_bench_reads_xla_s_threefry_loop(tmp_path):
     (draw,) = [p for p in row["parts"].values() if p["loops"]]
     assert draw["dynamic"] > draw["bundles"] and 3.0 < draw["valu_per_loop_bundle"] <= 4.0
     assert (tmp_path / "tpu_aot.json").exists()
+
+
+@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
+                    or jax.default_backend() == "tpu",
+                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+def test_the_author_s_state_is_read_in_place_by_the_native_kernel_only():
+    """Compiled for a TPU v5e here: the hand-made kernel that reads the author's (N, 4, 4)
+    state where XLA keeps it (`tpu_dump._native`) is the program's only launch; the pass's
+    kernel, on 16 pieces, has XLA's relayouts around it (the next chip measurement: do they
+    cost what their bundles say?)."""
+    import tpu_dump
+    from jaxrewrite.backend import xla
+    spec = jax.ShapeDtypeStruct((1 << 16, 4, 4), np.uint32)
+    native = xla.launches(xla.tpu_compile(tpu_dump.build("hand_native", 1 << 16)[0], spec))
+    assert native == {"custom-call": 1}
+    author = xla.launches(xla.tpu_compile(tpu_dump.build("author", 1 << 16)[0], spec))
+    assert author["custom-call"] == 1 and sum(author.values()) > 1, author
