@@ -2,6 +2,7 @@
 
     python3 bench/tpu_aot.py                         # tpu_dump's programs, 1,048,576 blocks
     python3 bench/tpu_aot.py author split threefry_jit --n 65536
+    python3 bench/tpu_aot.py step:jit:8 step:scan:8 step:reroll:8    # issue 46's step forms
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`, best in a venv of its own: `.ci/run`'s tpu-aot
 step makes one). Each program (`tpu_dump.build`: the kernel pass's ChaCha20 kernels, hand-made
@@ -19,6 +20,9 @@ XLA's Threefry fusion of 2**26 words, 2.01M dynamic bundles, ran 2.02 ms; the ke
 Threefry kernel, 2.04M, ran 2.04-2.10 ms. So a bundle costs about 1.0 ns where the VALU is the
 bound; where HBM is (copies, relayouts) the time is longer than the bundles say, and only the
 chip can tell. `predicted_ms` is `dynamic` x 1.0 ns, a lower bound.
+
+`step:FORM:LAYERS` programs are the training step of `tpu_costs.py --only reroll` (forms in
+`STEP_FORMS`): compile seconds on this host, launches and temporaries, no bundles.
 
 One JSON line a program; with `--out DIR` (default `bench/results/`), `tpu_aot.json`.
 """
@@ -103,33 +107,72 @@ def summarise(dump: str) -> dict:
                 parts=parts)
 
 
+# `step:FORM:LAYERS`: tpu_costs' transformer training step (d=512, sequence 256, batch 16) in
+# the forms `tpu_costs.py --only reroll` runs on the chip, compiled here: what the TPU's first
+# call waits for, and the temporaries each form keeps. No bundles: a step is bound by the MXU
+# and HBM, which bundles do not time (and libtpu's dump slows its compile 2-4x).
+STEP_FORMS = ("jit", "scan", "scan_dots", "scan_nothing", "optimize", "reroll", "reroll_cpu",
+              "reroll_recompute")
+
+
+def _step(form: str, layers: int):
+    """(function, argument specs, cost-row fields) of a training-step form."""
+    import jax
+
+    import jaxrewrite
+    import tpu_costs
+    remat = {"scan_dots": "dots_with_no_batch_dims_saveable",
+             "scan_nothing": "nothing_saveable"}.get(form)
+    step, args = tpu_costs.transformer_step(layers, 512, 256, 16,
+                                            scanned=form.startswith("scan"), remat=remat)
+    costs = {"reroll_cpu": tpu_costs.CPU_ROLLED,
+             "reroll_recompute": {"reroll_recompute": True}}.get(form, {})
+    if form.startswith("reroll") or form == "optimize":
+        f = jaxrewrite.optimize(lambda *a: step(*a), reroll=form != "optimize", target="tpu")
+    else:
+        f = jax.jit(lambda *a: step(*a))
+    specs = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    return f, specs, costs
+
+
 def child(name: str, n: int) -> dict:
     sys.path.insert(0, HERE)
     import jax
 
-    from jaxrewrite.backend import xla
+    import tpu_costs
     import tpu_dump
+    from jaxrewrite.backend import xla
 
-    f, arg = tpu_dump.build(name, n)
-    spec = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+    if name.startswith("step:"):
+        _, form, layers = name.split(":")
+        f, specs, costs = _step(form, int(layers))
+    else:
+        f, arg = tpu_dump.build(name, n)
+        specs, costs = [jax.ShapeDtypeStruct(arg.shape, arg.dtype)], {}
     t = time.perf_counter()
-    compiled = xla.tpu_compile(f, spec)
-    return dict(program=name, n=n, compile_s=round(time.perf_counter() - t, 2),
-                launches=xla.launches(compiled))
+    with tpu_costs.candidate_row(costs=costs):
+        compiled = xla.tpu_compile(f, *specs)
+    row = dict(program=name, n=n, compile_s=round(time.perf_counter() - t, 2),
+               launches=xla.launches(compiled))
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        row["temp_mb"] = round(mem.temp_size_in_bytes / 2**20)
+    return row
 
 
 def run(name: str, n: int) -> dict:
     with tempfile.TemporaryDirectory() as dump:
         env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   LIBTPU_INIT_ARGS=(os.environ.get("LIBTPU_INIT_ARGS", "")
-                                     + f" --xla_jf_dump_to={dump} --xla_jf_dump_llo_text=true"))
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if not name.startswith("step:"):
+            env["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to"
+                                       f"={dump} --xla_jf_dump_llo_text=true")
         r = subprocess.run([sys.executable, __file__, "--child", name, str(n)], env=env,
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=1200)
         rows = [json.loads(ln[4:]) for ln in r.stdout.splitlines() if ln.startswith("ROW ")]
         if r.returncode or not rows:
             return dict(program=name, n=n, error=(r.stderr or r.stdout).strip().splitlines()[-3:])
-        return {**rows[0], **summarise(dump)}
+        return {**rows[0], **(summarise(dump) if "LIBTPU_INIT_ARGS" in env else {})}
 
 
 def main(argv=None) -> list[dict]:
