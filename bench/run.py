@@ -42,10 +42,11 @@ KNOWN = ("seed", "dedup", "gathers", "permutations", "scale")
 # author_chacha: programs other benches measure; accelerator, tpu_costs, tpu_kernel, tpu_dump,
 # batched_updates, threefry, tpu_layers, never_worse_sweep: runs of their own, one process on a
 # device within a budget, each
-# `python bench/<name>.py`; bench/README.md is the map)
+# `python bench/<name>.py`; tpu_aot: compiles for the TPU in libtpu's venv; bench/README.md is
+# the map)
 _NOT_BENCHES = {"run", "never_worse", "keccak", "author_chacha", "accelerator", "tpu_costs",
                 "tpu_kernel", "tpu_dump", "batched_updates", "threefry", "tpu_layers",
-                "never_worse_sweep"}
+                "never_worse_sweep", "tpu_aot"}
 
 
 def discover(only: list[str] | None, skip: list[str] = ()) -> list[str]:
