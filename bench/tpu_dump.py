@@ -53,29 +53,32 @@ MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel", "
 BUNDLE_LIMIT = 15 << 20     # a file a device call brings back: 16 MiB at most
 
 
+def _rotl(v, k):
+    return (v << k) | (v >> (32 - k))
+
+
+def _double_round(_, s):
+    """ChaCha20's double round on its 16 words (a `fori_loop` body): the hand-made kernels'."""
+    s = list(s)
+    for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
+                       (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+        s[a] = s[a] + s[b]; s[d] = _rotl(s[d] ^ s[a], 16)  # noqa: E702
+        s[c] = s[c] + s[d]; s[b] = _rotl(s[b] ^ s[c], 12)  # noqa: E702
+        s[a] = s[a] + s[b]; s[d] = _rotl(s[d] ^ s[a], 8)   # noqa: E702
+        s[c] = s[c] + s[d]; s[b] = _rotl(s[b] ^ s[c], 7)   # noqa: E702
+    return tuple(s)
+
+
 def _hand(n: int, rows: int, unroll: int, interpret: bool):
     """ChaCha20's block function as one Pallas kernel, written by hand: (4, 4, N) -> (4, 4, N)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    def rotl(v, k):
-        return (v << k) | (v >> (32 - k))
-
     def kernel(x_ref, o_ref):
         words = [x_ref[i] for i in range(16)]
 
-        def double_round(_, s):
-            s = list(s)
-            for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
-                               (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
-                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 16)  # noqa: E702
-                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 12)  # noqa: E702
-                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 8)   # noqa: E702
-                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 7)   # noqa: E702
-            return tuple(s)
-
-        out = jax.lax.fori_loop(0, 10, double_round, tuple(words), unroll=unroll)
+        out = jax.lax.fori_loop(0, 10, _double_round, tuple(words), unroll=unroll)
         for i in range(16):
             o_ref[i] = out[i] + words[i]
 
@@ -106,23 +109,10 @@ def _native(n: int, rows: int, interpret: bool):
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    def rotl(v, k):
-        return (v << k) | (v >> (32 - k))
-
     def kernel(x_ref, o_ref):
         words = [x_ref.at[r][pl.ds(c, rows, stride=4), :] for r in range(4) for c in range(4)]
 
-        def double_round(_, s):
-            s = list(s)
-            for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
-                               (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
-                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 16)  # noqa: E702
-                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 12)  # noqa: E702
-                s[a] = s[a] + s[b]; s[d] = rotl(s[d] ^ s[a], 8)   # noqa: E702
-                s[c] = s[c] + s[d]; s[b] = rotl(s[b] ^ s[c], 7)   # noqa: E702
-            return tuple(s)
-
-        out = jax.lax.fori_loop(0, 10, double_round, tuple(words))
+        out = jax.lax.fori_loop(0, 10, _double_round, tuple(words))
         for r in range(4):
             for c in range(4):
                 o_ref.at[r][pl.ds(c, rows, stride=4), :] = out[4 * r + c] + words[4 * r + c]
