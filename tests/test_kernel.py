@@ -426,6 +426,22 @@ def test_mosaic_compiles_signed_max_and_refuses_unsigned_as_the_table_says(op):
         _xla.tpu_compile(_one_op_kernel(op, np.uint32), uspec, uspec)
 
 
+_UNCHECKED_OPS = {"population_count": lax.population_count, "clz": lax.clz, "abs": lax.abs,
+                  "integer_pow": lambda a: lax.integer_pow(a, 3)}
+
+
+@_DEVICELESS
+@pytest.mark.parametrize("name", sorted(mosaic.COMPILED_UNCHECKED))
+def test_what_mosaic_compiles_but_the_table_has_not_checked(name):
+    """`mosaic.COMPILED_UNCHECKED`: each compiles alone in a kernel on int32 words; they stay
+    declined until their bits are compared with XLA's on the chip."""
+    op = _UNCHECKED_OPS[name]
+    spec = jax.ShapeDtypeStruct((64, 128), np.int32)
+    compiled = _xla.tpu_compile(_one_op_kernel(lambda a, b: op(a) + b, np.int32), spec, spec)
+    assert _xla.launches(compiled) == {"custom-call": 1}
+    assert name in mosaic.DECLINED_PRIMITIVES and name not in mosaic.KERNEL_PRIMITIVES
+
+
 @_DEVICELESS
 def test_mosaic_refuses_a_select_between_masks_that_the_pass_writes_as_logic():
     """`kernel._select` computes a select between booleans with and/or/not because Mosaic does
