@@ -20,4 +20,4 @@ from ._switch import skip as skip
 from ._options import Options as Options
 from .report.records import Report as Report
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
