@@ -37,6 +37,11 @@ and not measured again. `--start-from FILE`: a previous call's file, copied into
 `--first-call-limit` seconds is an `error` and ends the process (a running device program cannot
 be stopped); `--resume` goes on after it. `--target tpu` on a CPU: the TPU's decisions (kernels
 in Pallas's interpreter: slow at 65,536).
+`--compile-only`: on a host with no TPU and libtpu installed (the `tpu-aot` extra), each
+program is compiled for a TPU v5e here (`backend.xla.tpu_compile`; jax.jit, the A/A and
+optimize with the TPU's decisions, the order alternating) and nothing runs: compile seconds,
+launches and `same`, into `never_worse_compile.jsonl`. A program that compiles past 3x is a
+`candidate`: the rule holds only if the chip runs it in <= 0.67x.
 `--budget S`: no measurement is started that would end past S seconds of this process (its
 estimate: 1.5x the slowest of the last 20); in a 10-minute device call, 480 leaves a minute to
 open the chip, import, draw and print. At the end: the violations and counts of everything in
@@ -70,6 +75,7 @@ from jaxrewrite.testing import assert_contract_equal  # noqa: E402
 
 RUN_MAX, COMPILE_MAX, FAST_ENOUGH = 1.05, 3.0, 0.67
 FILE = "never_worse_sweep.jsonl"
+COMPILE_FILE = "never_worse_compile.jsonl"      # --compile-only
 KINDS = {"perf": S.perf_programs, "real": S.real_code_recipes}
 
 
@@ -207,6 +213,81 @@ def measure(recipe, target=None, compiles: int = 1, rounds: int = 5, flip: bool 
         rewrites=sorted({e.pass_name for e in report.rewrites}) if report else None)
 
 
+def measure_compile(recipe) -> dict:
+    """`--compile-only`: jax.jit, its A/A and optimize (the TPU's decisions) compiled for a TPU
+    v5e on this host, once each in the order given; compile seconds and launches, no run."""
+    from test_never_worse import _program_text
+
+    from jaxrewrite.backend import xla
+    fn, args = recipe.fn, recipe.args
+    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args]
+    makers = _makers(fn, "tpu")
+    comp, compiled = {}, {}
+    for k in makers:
+        jax.clear_caches()
+        t = time.perf_counter()
+        compiled[k] = xla.tpu_compile(makers[k](), *specs)
+        comp[k] = time.perf_counter() - t
+    return dict(compile_s=comp, compile=comp["opt"] / comp["jit"],
+                aa_compile=comp["aa"] / comp["jit"],
+                launches={k: sum(xla.launches(c).values()) for k, c in compiled.items()},
+                same=_program_text(compiled["jit"]) == _program_text(compiled["opt"]))
+
+
+def compile_only(indexed, sizes, path: str, budget: float, t_start: float) -> int:
+    """The `--compile-only` loop: every (program, size) not yet in `path`, within `budget`."""
+    from jaxrewrite.backend import xla
+    done = {(r["recipe"], r["size"]) for r in load(path) if r["kind"] == "compiled"}
+    # (the first compile of a process pays libtpu's start: not any program's)
+    xla.tpu_compile(jax.jit(lambda x: x + 1), jax.ShapeDtypeStruct((8, 128), np.int32))
+    for k, recipe in indexed:
+        for size in sizes:
+            r = at_size(recipe, size)
+            if (repr(r), size) in done:
+                continue
+            if time.perf_counter() - t_start > budget:
+                return _compile_summary(path)
+            t0 = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")   # uint64 words truncated with x64 off
+                    m = measure_compile(r)
+                if m["compile"] > COMPILE_MAX and m["aa_compile"] <= COMPILE_MAX:
+                    again = measure_compile(r)       # (one compile each: measured twice)
+                    m = again if again["compile"] < m["compile"] else m
+                rec = dict(kind="compiled", recipe=repr(r), size=size, index=k, **m,
+                           candidate=m["compile"] > COMPILE_MAX and not m["same"])
+                line = (f"compile {m['compile']:.2f}x (A/A {m['aa_compile']:.2f}x), launches "
+                        f"{m['launches']['jit']} -> {m['launches']['opt']}"
+                        f"{' same HLO' if m['same'] else ''}"
+                        f"{' CANDIDATE' if rec['candidate'] else ''}")
+            except Exception as e:  # noqa: BLE001 - recorded; the sweep goes on
+                rec = dict(kind="error", recipe=repr(r), size=size, index=k,
+                           error=f"{type(e).__name__}: {' '.join(str(e).split())[:400]}")
+                line = f"error {type(e).__name__}"
+            append(path, dict(rec, seconds=time.perf_counter() - t0))
+            print(f"[{k} @ {size}, {time.perf_counter() - t_start:.0f} s] {repr(r)[:80]}: "
+                  f"{line}", flush=True)
+    return _compile_summary(path)
+
+
+def _compile_summary(path: str) -> int:
+    rs = [r for r in load(path) if r["kind"] == "compiled"]
+    for size in sorted({r["size"] for r in rs}):
+        at = [r for r in rs if r["size"] == size]
+        ratios = sorted(r["compile"] for r in at if not r["same"])
+        print(f"size {size}: {len(at)} programs compiled for the TPU, "
+              f"{sum(r['same'] for r in at)} to jax.jit's HLO; compile of the others "
+              + (f"median {statistics.median(ratios):.2f}x, max {max(ratios):.2f}x; "
+                 if ratios else "") + f"{sum(r['candidate'] for r in at)} past "
+              f"{COMPILE_MAX}x (the chip decides: run <= {FAST_ENOUGH}x)", flush=True)
+    for r in rs:
+        if r["candidate"]:
+            print(f"CANDIDATE {r['recipe']} @ {r['size']}: compile {r['compile']:.2f}x, "
+                  f"launches {r['launches']['jit']} -> {r['launches']['opt']}", flush=True)
+    return 0
+
+
 def violations(m: dict) -> list[str]:
     """The rule, on one measurement (a run ratio of a `same` program is noise: not counted)."""
     out = []
@@ -309,10 +390,12 @@ def main(argv=None) -> int:
     ap.add_argument("--first-call-limit", type=float, default=120.0)
     ap.add_argument("--match", default=None,
                     help="only the drawn programs whose recipe contains this text")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile for a TPU v5e here (libtpu, no TPU), run nothing")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, FILE)
+    path = os.path.join(a.out, COMPILE_FILE if a.compile_only else FILE)
     if a.start_from:      # a device call's $OUT starts empty: the last call's file, brought along
         if not os.path.exists(path):
             shutil.copyfile(a.start_from, path)
@@ -332,6 +415,8 @@ def main(argv=None) -> int:
                       **_common.device()))
     print(f"never-worse sweep: {jax.default_backend()}, {len(indexed)} programs x {sizes}, "
           f"{len(done)} in the file, budget {a.budget:.0f} s -> {path}", flush=True)
+    if a.compile_only:
+        return compile_only(indexed, sizes, path, a.budget, t_start)
     recent: list[float] = []
     measured = 0
     for k, recipe in indexed:

@@ -359,3 +359,24 @@ def test_the_author_s_state_is_read_in_place_by_the_native_kernel_only():
     assert native == {"custom-call": 1}
     author = xla.launches(xla.tpu_compile(tpu_dump.build("author", 1 << 16)[0], spec))
     assert author["custom-call"] == 1 and sum(author.values()) > 1, author
+
+
+@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
+                    or jax.default_backend() == "tpu",
+                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+def test_the_never_worse_sweep_compiles_for_the_tpu_without_one(tmp_path):
+    """`never_worse_sweep.py --compile-only`: generated programs compiled for a TPU v5e here,
+    jax.jit, its A/A and optimize (the TPU's decisions); a line each, resumable."""
+    import never_worse_sweep as nws
+    args = ["--out", str(tmp_path), "--compile-only", "--sizes", "4096", "--n", "2",
+            "--budget", "300"]
+    assert nws.main(args) == 0
+    rows = nws.load(str(tmp_path / nws.COMPILE_FILE))
+    compiled = [r for r in rows if r["kind"] == "compiled"]
+    assert len(compiled) == 2 and not [r for r in rows if r["kind"] == "error"]
+    for r in compiled:
+        assert set(r["compile_s"]) == {"jit", "aa", "opt"} and r["compile"] > 0
+        assert r["launches"]["jit"] >= 1 and isinstance(r["same"], bool)
+    assert nws.main(args + ["--resume"]) == 0       # (nothing left: nothing added)
+    assert len([r for r in nws.load(str(tmp_path / nws.COMPILE_FILE))
+                if r["kind"] == "compiled"]) == 2
