@@ -77,7 +77,10 @@ class TargetCosts:
     # equations (10.7-14.1x) compiled 3.1-15.5x `jax.jit` for runs of 0.93-1.07x; 496-512
     # equations (7.5-10.8x) compiled 2.5-2.9x, and no split there ran faster than 0.92x. Kept
     # below both: Salsa20/8 (349 -> 1,048 equations, 3.0x: compile 1.19x), bitonic sorts of 16
-    # keys (40 -> 480: 1.84x), switch tables (up to 2.6x growth: runs 0.09-0.24x).
+    # keys (40 -> 480: 1.84x), switch tables (up to 2.6x growth: runs 0.09-0.24x). A float or
+    # narrow split is one no kernel takes at any size (kernels hold 32-bit words): float
+    # stencils split at 65,536 ran 0.89-1.03x on the chip and compiled 3.5-6.1x for a TPU v5e
+    # here (`never_worse_sweep.py --compile-only`, Dec 7).
     nokernel_max_eqns: int = 0
     nokernel_max_growth: float = 0.0
     # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
@@ -345,6 +348,7 @@ class ScalarizePlan:
     joins: int             # values re-joined because a consumer needs the whole array
     mixed_inexact: int = 0 # float values used both whole and in pieces
     piece_elements: int = 0  # elements of the smallest piece
+    tile_dtypes: bool = True  # every split value of a dtype a kernel's tiles hold (32-bit words)
 
 
 def update_form_decision(target: str | None, operand_elements: int, updated_elements: int,
@@ -498,7 +502,8 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode,
     if mode == "auto" and plan.piece_elements < c.min_piece_elements:
         return (f"pieces of {plan.piece_elements} elements: on {target} a loop per piece costs "
                 f"more than the permutation (minimum {c.min_piece_elements})")
-    kernel_takes = (kernel_on(kernel, target)
+    # (a kernel takes integer words only: a float or narrow split of any size stays fusions)
+    kernel_takes = (kernel_on(kernel, target) and plan.tile_dtypes
                     and kernel_size_reason(plan.piece_elements, kernel, target) is None)
     if (mode == "auto" and c.nokernel_max_eqns and not kernel_takes
             and plan.eqns_after > c.nokernel_max_eqns

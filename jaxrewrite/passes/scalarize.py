@@ -56,6 +56,7 @@ import numpy as np
 from .. import _compat as C
 from ..backend import autotune as _autotune
 from ..backend import cost as _cost
+from ..backend import mosaic as _mosaic
 from ..analysis import exact as _exact
 from .. import _walk
 from ..analysis.indexmap import decompose, gather_batch_core, gather_source_coords, window_core
@@ -792,7 +793,8 @@ def _plan(jaxpr, chosen, links) -> _cost.ScalarizePlan:
             f = inexact[dt] = bool(np.issubdtype(dt, np.inexact))
         mixed += f
     smallest = min((math.prod(shape_of(v)) // max(1, n) for v, n in npieces.items()), default=0)
-    return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest)
+    tiles = all(_mosaic.dtype_reason(v.aval.dtype) is None for v in chosen)
+    return _cost.ScalarizePlan(len(jaxpr.eqns), after, movers, joins, mixed, smallest, tiles)
 
 
 # --- calls ---------------------------------------------------------------------------------------
