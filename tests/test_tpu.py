@@ -180,10 +180,10 @@ def _mix(x):
 
 
 def test_a_float_split_is_one_no_kernel_takes_at_any_size():
-    """Compiled for a TPU v5e here (`never_worse_sweep.py --compile-only`, Dec 7), float splits
-    of generated stencils at 65,536 compiled 3.5-6.1x jax.jit; on the chip float splits there
-    ran 0.89-1.03x (no kernel takes floats). The limit on a split no kernel takes now holds
-    for them at every size; an integer split of the same size still goes to the kernel."""
+    """No kernel takes floats, and on the chip float stencils split at 65,536 ran 0.89-1.03x
+    (Dec 7): the limit on a split no kernel takes (past 600 equations and 8x: compile time)
+    holds for a float split at every size, where it had been taken for kernel work from
+    65,536 elements. An integer split of the same size still goes to the kernel."""
     spec = jax.ShapeDtypeStruct((65536, 16), np.float32)
     res = jaxrewrite.rewrite_jaxpr_with_report(jax.make_jaxpr(_mix)(spec), target="tpu")
     assert "scalarize" not in res.report.stats["changed_by"]

@@ -78,9 +78,8 @@ class TargetCosts:
     # equations (7.5-10.8x) compiled 2.5-2.9x, and no split there ran faster than 0.92x. Kept
     # below both: Salsa20/8 (349 -> 1,048 equations, 3.0x: compile 1.19x), bitonic sorts of 16
     # keys (40 -> 480: 1.84x), switch tables (up to 2.6x growth: runs 0.09-0.24x). A float or
-    # narrow split is one no kernel takes at any size (kernels hold 32-bit words): float
-    # stencils split at 65,536 ran 0.89-1.03x on the chip and compiled 3.5-6.1x for a TPU v5e
-    # here (`never_worse_sweep.py --compile-only`, Dec 7).
+    # narrow split is one no kernel takes at any size (kernels hold 32-bit words; float
+    # stencils split at 65,536 ran 0.89-1.03x on the chip, Dec 7).
     nokernel_max_eqns: int = 0
     nokernel_max_growth: float = 0.0
     # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
