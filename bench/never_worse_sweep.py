@@ -39,8 +39,8 @@ be stopped); `--resume` goes on after it. `--target tpu` on a CPU: the TPU's dec
 in Pallas's interpreter: slow at 65,536).
 `--compile-only`: on a host with no TPU and libtpu installed (the `tpu-aot` extra), each
 program is compiled for a TPU v5e here (`backend.xla.tpu_compile`; jax.jit, the A/A and
-optimize with the TPU's decisions, the order alternating) and nothing runs: compile seconds,
-launches and `same`, into `never_worse_compile.jsonl`. A program that compiles past 3x is a
+optimize with the TPU's decisions, in that order; twice where past 3x) and nothing runs:
+compile seconds, launches and `same`, into `never_worse_compile.jsonl`. A program that compiles past 3x is a
 `candidate`: the rule holds only if the chip runs it in <= 0.67x.
 `--budget S`: no measurement is started that would end past S seconds of this process (its
 estimate: 1.5x the slowest of the last 20); in a 10-minute device call, 480 leaves a minute to
@@ -215,7 +215,7 @@ def measure(recipe, target=None, compiles: int = 1, rounds: int = 5, flip: bool 
 
 def measure_compile(recipe) -> dict:
     """`--compile-only`: jax.jit, its A/A and optimize (the TPU's decisions) compiled for a TPU
-    v5e on this host, once each in the order given; compile seconds and launches, no run."""
+    v5e on this host, once each in that order; compile seconds and launches, no run."""
     from test_never_worse import _program_text
 
     from jaxrewrite.backend import xla

@@ -161,10 +161,11 @@ def child(name: str, n: int) -> dict:
 
 
 def run(name: str, n: int) -> dict:
+    bundled = not name.startswith("step:")      # (steps: no dump, module comment above)
     with tempfile.TemporaryDirectory() as dump:
         env = dict(os.environ, JAX_PLATFORMS="cpu",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        if not name.startswith("step:"):
+        if bundled:
             env["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + f" --xla_jf_dump_to"
                                        f"={dump} --xla_jf_dump_llo_text=true")
         r = subprocess.run([sys.executable, __file__, "--child", name, str(n)], env=env,
@@ -172,7 +173,7 @@ def run(name: str, n: int) -> dict:
         rows = [json.loads(ln[4:]) for ln in r.stdout.splitlines() if ln.startswith("ROW ")]
         if r.returncode or not rows:
             return dict(program=name, n=n, error=(r.stderr or r.stdout).strip().splitlines()[-3:])
-        return {**rows[0], **(summarise(dump) if "LIBTPU_INIT_ARGS" in env else {})}
+        return {**rows[0], **(summarise(dump) if bundled else {})}
 
 
 def main(argv=None) -> list[dict]:

@@ -15,6 +15,7 @@ import pytest
 import jaxrewrite
 from jaxrewrite import _walk
 from jaxrewrite.backend import cost
+from jaxrewrite.backend import xla as _xla
 from jaxrewrite.testing import assert_bitwise_equal, primitive_counts
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
@@ -22,6 +23,9 @@ import permutations as P  # noqa: E402
 from tpu_costs import bitonic_sort  # noqa: E402
 
 MOVERS = ("rev", "reshape", "transpose", "concatenate", "slice")
+_DEVICELESS = pytest.mark.skipif(
+    not _xla.tpu_aot_available() or jax.default_backend() == "tpu",
+    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra) on a host without one")
 
 
 def _rewrite(fn, *args, **options):
@@ -344,7 +348,6 @@ _FAKE_BUNDLES = """\
 def test_the_bundle_counter_multiplies_each_bundle_by_its_loops_trips(tmp_path):
     """bench/tpu_aot.py's reading of libtpu's final bundles (a made-up dump of its form): a loop
     of 3 trips holding one of 5, then a loop of 2; an empty bundle keeps its loop's depth."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
     import tpu_aot
     path = tmp_path / "1-k-66-final_bundles.txt"
     path.write_text(_FAKE_BUNDLES)
@@ -355,14 +358,11 @@ def test_the_bundle_counter_multiplies_each_bundle_by_its_loops_trips(tmp_path):
     assert got["valu_per_loop_bundle"] == round(6 / 7, 2)    # (vst and vsyncadd are not ALU)
 
 
-@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
-                    or jax.default_backend() == "tpu",
-                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+@_DEVICELESS
 def test_the_deviceless_bundle_bench_reads_xla_s_threefry_loop(tmp_path):
     """`bench/tpu_aot.py` on JAX's Threefry draw by jax.jit (524,288 words): the key's words and
     the draw, whose loop keeps the VALU near its 4 slots, the dynamic count above the static
     one. (At 65,536 words XLA emits no loop: straight-line bundles.)"""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
     import tpu_aot
     (row,) = tpu_aot.main(["threefry_jit", "--n", "8192", "--out", str(tmp_path)])
     assert row["launches"] == {"fusion": 2}, row        # (the key's words, then the draw)
@@ -371,26 +371,21 @@ def test_the_deviceless_bundle_bench_reads_xla_s_threefry_loop(tmp_path):
     assert (tmp_path / "tpu_aot.json").exists()
 
 
-@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
-                    or jax.default_backend() == "tpu",
-                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+@_DEVICELESS
 def test_the_author_s_state_is_read_in_place_by_the_native_kernel_only():
     """Compiled for a TPU v5e here: the hand-made kernel that reads the author's (N, 4, 4)
     state where XLA keeps it (`tpu_dump._native`) is the program's only launch; the pass's
     kernel, on 16 pieces, has XLA's relayouts around it (the next chip measurement: do they
     cost what their bundles say?)."""
     import tpu_dump
-    from jaxrewrite.backend import xla
     spec = jax.ShapeDtypeStruct((1 << 16, 4, 4), np.uint32)
-    native = xla.launches(xla.tpu_compile(tpu_dump.build("hand_native", 1 << 16)[0], spec))
+    native = _xla.launches(_xla.tpu_compile(tpu_dump.build("hand_native", 1 << 16)[0], spec))
     assert native == {"custom-call": 1}
-    author = xla.launches(xla.tpu_compile(tpu_dump.build("author", 1 << 16)[0], spec))
+    author = _xla.launches(_xla.tpu_compile(tpu_dump.build("author", 1 << 16)[0], spec))
     assert author["custom-call"] == 1 and sum(author.values()) > 1, author
 
 
-@pytest.mark.skipif(not __import__("jaxrewrite.backend.xla", fromlist=["x"]).tpu_aot_available()
-                    or jax.default_backend() == "tpu",
-                    reason="compiles for a TPU with no TPU: needs libtpu (the tpu-aot extra)")
+@_DEVICELESS
 def test_the_never_worse_sweep_compiles_for_the_tpu_without_one(tmp_path):
     """`never_worse_sweep.py --compile-only`: generated programs compiled for a TPU v5e here,
     jax.jit, its A/A and optimize (the TPU's decisions); a line each, resumable."""
