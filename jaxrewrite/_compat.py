@@ -1136,34 +1136,56 @@ def pallas_available() -> bool:
     return True
 
 
-def pallas_tiles_call(kernel: Callable, operands: Sequence, in_smem: Sequence[bool],
-                      out_avals: Sequence, rows: int, steps: int, *, interpret: bool,
-                      name: str, flops: int = 0, bytes_accessed: int = 0,
+def pallas_tiles_call(kernel: Callable, operands: Sequence, in_blocks: Sequence,
+                      out_avals: Sequence, out_blocks: Sequence, steps: int, *,
+                      interpret: bool, name: str, flops: int = 0, bytes_accessed: int = 0,
                       input_fusion: bool = False) -> list:
-    """`kernel(*in_refs, *out_refs)` as one `pallas_call` over a grid of `steps`: the operands
-    flagged in `in_smem` ((1, 1) arrays) whole in SMEM, the others and every output (2-D (M, 128)
-    arrays; `out_avals`: (shape, dtype) pairs) in blocks of (rows, 128), block i at row
-    i * rows. Grid steps are independent ("parallel"). `input_fusion`: let XLA fuse each
-    operand's producer into the kernel's input (`allow_input_fusion`)."""
+    """`kernel(*in_refs, *out_refs)` as one `pallas_call` over a grid of `steps`. Each operand's
+    block (`in_blocks`): None, a (1, 1) array whole in SMEM; or a block shape whose
+    second-minor axis is the one the grid walks, block i at row i * rows: (rows, 128) of a
+    (M, 128) array, or (slabs, rows, 128) of a (slabs, M, 128) one. Outputs (`out_avals`:
+    (shape, dtype) pairs) likewise in `out_blocks`. Grid steps are independent ("parallel").
+    `input_fusion`: let XLA fuse each operand's producer into the kernel's input
+    (`allow_input_fusion`)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
-    # (int32 block indices: with jax_enable_x64 a Python 0 would be int64, which Mosaic refuses)
-    tiles = pl.BlockSpec((rows, out_avals[0][0][1]), lambda i: (i, np.int32(0)))
-    # (a scalar as (1, 1): under vmap Pallas batches it to (B, 1, 1) in blocks of (1, 1, 1),
-    # which Mosaic takes, where a (1,) batched to (B, 1) in blocks of (1, 1) failed to lower
-    # on a TPU v5e; int32 block indices as above)
-    smem = pl.BlockSpec((1, 1), lambda i: (np.int32(0), np.int32(0)), memory_space=pltpu.SMEM)
+
+    def spec(block):
+        if block is None:
+            # (a scalar as (1, 1): under vmap Pallas batches it to (B, 1, 1) in blocks of
+            # (1, 1, 1), which Mosaic takes, where a (1,) batched to (B, 1) in blocks of (1, 1)
+            # failed to lower on a TPU v5e)
+            return pl.BlockSpec((1, 1), lambda i: (np.int32(0), np.int32(0)),
+                                memory_space=pltpu.SMEM)
+        # (int32 block indices: with jax_enable_x64 a Python 0 would be int64, which Mosaic
+        # refuses)
+        lead = (np.int32(0),) * (len(block) - 2)
+        return pl.BlockSpec(tuple(block), lambda i: (*lead, i, np.int32(0)))
+
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel",),
-        allow_input_fusion=[not s for s in in_smem] if input_fusion else None)
+        allow_input_fusion=[b is not None for b in in_blocks] if input_fusion else None)
     call = pl.pallas_call(
         kernel, grid=(steps,),
         out_shape=[jax.ShapeDtypeStruct(tuple(s), d) for s, d in out_avals],
-        in_specs=[smem if s else tiles for s in in_smem], out_specs=[tiles] * len(out_avals),
+        in_specs=[spec(b) for b in in_blocks], out_specs=[spec(b) for b in out_blocks],
         interpret=interpret, name=name, compiler_params=params,
         cost_estimate=pl.CostEstimate(flops=int(flops), transcendentals=0,
                                       bytes_accessed=int(bytes_accessed)))
     return list(call(*operands))
+
+
+def pallas_load_rows(ref, slab: int, first: int, rows: int, stride: int):
+    """Rows first, first + stride, ... (`rows` of them) of slab `slab` of a (slabs, R, 128)
+    block: a sublane-strided load."""
+    from jax.experimental import pallas as pl
+    return ref.at[slab][pl.ds(first, rows, stride=stride), :]
+
+
+def pallas_store_rows(ref, slab: int, first: int, rows: int, stride: int, value) -> None:
+    """`value` ((rows, 128)) into the rows `pallas_load_rows` reads: a sublane-strided store."""
+    from jax.experimental import pallas as pl
+    ref.at[slab][pl.ds(first, rows, stride=stride), :] = value
 
 
 def pallas_program_id(axis: int = 0):

@@ -98,9 +98,12 @@ def test_chacha_author_form_is_one_kernel_with_the_loop_inside(n):
     (stats,) = res.report.stats["kernel"]
     rows = _cost.costs("tpu").kernel_tile_rows
     # the loop and the feed-forward's 16 adds, done on the pieces (`kernel._epilogues`)
+    # (the state read and written in place where the grid's blocks are whole: 4,096)
+    whole = 16 * (n % (128 * rows) == 0)
     assert stats == dict(elements=n, rows=rows, grid=-(-n // 128 // rows), pieces_in=16,
                          scalars_in=0, pieces_out=16, eqns=1 + 16, work=stats["work"],
-                         trips=[10], interpret=mosaic.interpret())
+                         trips=[10], interpret=mosaic.interpret(), in_place_in=whole,
+                         in_place_out=whole)
     # flatten kept the loop rolled for the kernel: its body once, not 10 times
     assert res.report.counts["flatten.carries_split_for_kernel"] == 1
     assert stats["work"] > 10 * 150
@@ -161,7 +164,8 @@ def test_tile_rows_come_from_the_cost_row():
         with _cost.override_row("tpu", kernel_tile_rows=rows):
             (k,) = _kernels(_rewrite(f, x).jaxpr)
         (block,) = {m.block_shape for m in k.params["grid_mapping"].block_mappings}
-        assert [getattr(d, "block_size", d) for d in block] == [rows, 128]
+        # (the (N, 4, 4) state in place: its 4 slabs, `rows` tiles of 4 sublanes each)
+        assert [getattr(d, "block_size", d) for d in block] == [4, 4 * rows, 128]
         assert k.params["grid_mapping"].grid == (8192 // 128 // rows,)
     assert _cost.costs("tpu").kernel_tile_rows == 16   # (restored)
 
@@ -467,14 +471,15 @@ def test_mosaic_refuses_a_select_between_masks_that_the_pass_writes_as_logic():
 @_DEVICELESS
 def test_the_author_s_code_compiles_for_the_tpu_with_x64_on_and_off():
     """bench/author_chacha.py as written, through optimize with the defaults for the TPU, and
-    compiled by XLA:TPU and Mosaic for a TPU v5e here: one kernel launch and its glue, with
-    x64 off and on (int64 grid index maps failed Mosaic's compile on the chip)."""
+    compiled by XLA:TPU and Mosaic for a TPU v5e here: the kernel, reading and writing the
+    state in place, is the program's only launch, with x64 off and on (int64 grid index maps
+    failed Mosaic's compile on the chip)."""
     for x64 in (False, True):
         with jax.enable_x64(x64):
             f = jaxrewrite.optimize(jax.vmap(A.fresh_copy().block), target="tpu")
             n = 1 << 16          # (from `kernel_min_elements`: the default takes the kernel)
             compiled = _xla.tpu_compile(f, jax.ShapeDtypeStruct((n, 4, 4), np.uint32))
-            assert _xla.launches(compiled).get("custom-call") == 1, x64
+            assert _xla.launches(compiled) == {"custom-call": 1}, x64
 
 
 def test_chacha_kernels_lower_for_the_tpu():

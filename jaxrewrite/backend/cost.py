@@ -265,6 +265,14 @@ class TargetCosts:
     kernel_min_eqns: int = 0
     kernel_tile_rows: int = 16
     kernel_input_fusion: bool = False
+    # The kernel reads and writes the user's arrays where XLA:TPU keeps them (`kernel_in_place`,
+    # backend/tpu_layout.py): a (N, 4, 4) state whose pieces the region reads is one operand,
+    # its words loaded as sublane-strided rows, and a re-join of the outputs into such an array
+    # is written the same way, so XLA moves nothing around the kernel. ChaCha20 compiled for a
+    # TPU v5e with no TPU (bench/tpu_aot.py, Dec 7): the pieces cost five relayout fusions,
+    # 650K of the program's 1.23M bundles; by hand in place, the kernel was the only launch, at
+    # 0.56M bundles (bench/tpu_dump.py's `hand_native`). Not yet timed on the chip.
+    kernel_in_place: bool = False
     # JAX's Threefry draws opened into their rounds for that kernel (passes/threefry.py,
     # `kernel="auto"`): from `threefry_min_elements` elements a draw (0: never by default;
     # `kernel=True` opens every draw it can). The TPU row's is 0, measured: on a TPU v5e (Dec 6,
@@ -316,8 +324,9 @@ COSTS: dict[str, TargetCosts] = {
     "tpu": TargetCosts(16, 16, 24.0, 40_000, 1.0, 1.0, tile=(8, 128), max_rev=2,
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
-                       threefry_min_elements=0, kernel_generator_rows=2048,
-                       nokernel_max_eqns=600, nokernel_max_growth=8.0),
+                       kernel_in_place=True, threefry_min_elements=0,
+                       kernel_generator_rows=2048, nokernel_max_eqns=600,
+                       nokernel_max_growth=8.0),
 }
 
 

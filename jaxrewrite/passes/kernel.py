@@ -15,6 +15,19 @@ every piece, the region's own equations evaluated on the loaded tiles, its loops
                  c = the tiles of t0..t15 ; s = fori_loop(0, 10, rounds, (0, c)) ; out s + c }
              y0..y15 = reshape o0..o15 ; y = join(y0..y15)
 
+On the TPU (`kernel_in_place`), an array at least half of whose elements the region reads
+as pieces (`_whole`), and an array into which a `stack` re-joins the region's outputs, are
+taken whole, as the view in which XLA:TPU already keeps them (`backend/tpu_layout.py`); each
+piece is read or written as sublane-strided rows of it, and XLA moves nothing before or after
+the kernel:
+
+    before:  (as above, with x: u32[N, 4, 4] and y = reshape[(N, 4, 4)](stack[1](y0..y15)))
+    after:   v = view(x) : u32[4, 4 * N/128, 128]                  (a bitcast on the TPU)
+             o = pallas_call[grid=(N/128/R,), blocks (4, 4R, 128)]{
+                 word (r, c) = rows c, c + 4, ... of slab r of v's block ; ... ;
+                 each result written to the same rows of o's block }
+             y = unview(o)                                          (a bitcast)
+
 The region, found at the program's top level and in the bodies of `jit` calls made there
 (one batch size N per region, in program order; an equation that depends on the region and
 feeds it cuts it), holds:
@@ -52,6 +65,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -61,7 +75,7 @@ from .. import _compat as C
 from .. import _walk
 from ..analysis import views
 from ..backend import cost as _cost
-from ..backend import mosaic
+from ..backend import mosaic, tpu_layout
 from . import movement
 
 NAME = "kernel"
@@ -578,13 +592,12 @@ def _level(cj, ctx, mode, memo) -> tuple:
             break
         region = _grow(eqns, first, fits[id(eqns[first])], fits, excluded, outvars)
         excluded.update(e.outvars[0] for e in region.members)
-        new = _emit(region, ctx, mode) if region.outputs else None
+        new = _emit(region, ctx, mode, outvars) if region.outputs else None
         if new is None:
             continue
-        kernel_eqns, results = new
-        env = dict(zip(region.outputs, results))
+        kernel_eqns, env, dropped = new
         eqns = (region.before + kernel_eqns
-                + [_walk.rename_operands(e, env) for e in region.after])
+                + [_walk.rename_operands(e, env) for e in region.after if id(e) not in dropped])
         outvars = [_walk.substitute(a, env) for a in outvars]
         # (the kernel's own conversions at its edges are not a region's)
         excluded.update(e.outvars[0] for e in kernel_eqns)
@@ -636,8 +649,99 @@ def _say_unfit(eqns, ctx, mode) -> None:
                                              f"{_piece_length(es[0])} elements stay XLA's: {why}")
 
 
-def _emit(region: _Region, ctx, mode):
-    """(the kernel's equations, the region's outputs) or None (declined, recorded)."""
+# --- in place: the user's arrays where XLA:TPU keeps them (backend/tpu_layout.py) -------------
+
+_VIEW_OPS = frozenset({"slice", "squeeze", "reshape", "transpose", *mosaic.IDENTITIES})
+
+
+@dataclasses.dataclass
+class _InPlace:
+    """An array a kernel reads or writes whole, as `layout`'s view: `slots` maps a region
+    input's (or output's) position to the (slab, sublane) rows that hold it."""
+    array: object             # an input: the array's var; an output: the var it replaces
+    layout: tpu_layout.Native
+    slots: dict
+    dropped: tuple = ()       # an output: the re-join's equations it replaces
+
+
+def _column(view: views.View, layout: tpu_layout.Native) -> tuple | None:
+    """(slab, sublane) where `view` is x[..., :, ...] of an array laid out as `layout` (its long
+    axis, at one index of the short ones), else None."""
+    strides = views.contiguous(layout.shape).strides
+    if view.shape != (layout.n,) or view.strides[0] != strides[layout.axis]:
+        return None
+    index = np.unravel_index(view.offset, layout.shape)
+    if index[layout.axis] != 0:
+        return None
+    return layout.slot(tuple(int(i) for k, i in enumerate(index) if k != layout.axis))
+
+
+def _whole(f: _InPlace) -> bool:
+    """An array is read in place where the region reads at least half of it (else its blocks
+    would bring in more than the pieces)."""
+    return 2 * len(set(f.slots.values())) >= f.layout.slabs * f.layout.sublanes
+
+
+def _in_place_inputs(region: _Region) -> list:
+    """The arrays whose pieces the region reads (each piece a column of one array, through
+    views: `analysis.views`), for those `tpu_layout` models."""
+    producers = {v: e for e in region.before for v in e.outvars}
+    defn = producers.get
+    found: dict = {}
+    for k, v in enumerate(region.inputs):
+        if _shape(v) != (region.n,) or np.dtype(_dtype(v)).itemsize != 4:
+            continue
+        chain, a = [], v
+        while ((e := producers.get(a)) is not None and e.primitive.name in _VIEW_OPS
+               and len(e.invars) == 1 and not C.is_literal(e.invars[0])):
+            a = e.invars[0]
+            chain.append(a)
+        for root in reversed(chain):            # the furthest first: the user's array
+            layout = tpu_layout.native(_shape(root), np.dtype(_dtype(root)).itemsize)
+            if layout is None or layout.n != region.n:
+                continue
+            w = views.view_of(v, root, defn, {})
+            slot = None if w is None else _column(w, layout)
+            if slot is not None:
+                found.setdefault(root, _InPlace(root, layout, {})).slots[k] = slot
+                break
+    return [f for f in found.values() if _whole(f)]
+
+
+def _in_place_outputs(region: _Region, outvars) -> list:
+    """The region's outputs re-joined whole by a `stack` (and a reshape of it) after it, into
+    an array `tpu_layout` models: the kernel writes that array instead."""
+    outputs = {v: k for k, v in enumerate(region.outputs)}
+    uses = collections.Counter(a for e in region.after for a in e.invars
+                               if not C.is_literal(a))
+    uses.update(a for a in outvars if not C.is_literal(a))
+    found = []
+    for st in region.after:
+        ins = st.invars
+        if (st.primitive.name != "stack" or len(set(ins)) != len(ins)
+                or any(C.is_literal(a) or a not in outputs or uses[a] != 1 for a in ins)):
+            continue
+        dropped, final = [st], st.outvars[0]
+        users = [e for e in region.after if final in e.invars]
+        if (uses[final] == 1 and len(users) == 1 and users[0].primitive.name == "reshape"
+                and users[0].params.get("dimensions") is None
+                and C.replicated(users[0].params.get("sharding"))):
+            dropped.append(users[0])
+            final = users[0].outvars[0]
+        layout = tpu_layout.native(_shape(final), np.dtype(_dtype(final)).itemsize)
+        base = views.reshape(views.contiguous(_shape(final)), _shape(st.outvars[0]))
+        if layout is None or layout.n != region.n or base is None:
+            continue
+        slots = {outputs[a]: _column(views.take(base, st.params["axis"], i), layout)
+                 for i, a in enumerate(ins)}
+        if all(s is not None for s in slots.values()):
+            found.append(_InPlace(final, layout, slots, tuple(dropped)))
+    return found
+
+
+def _emit(region: _Region, ctx, mode, outvars):
+    """(the kernel's equations, what it replaces: var -> new atom, equations of `region.after`
+    it replaces) or None (declined, recorded)."""
     n = region.n
     costs = _cost.costs(ctx.target)
     rows = costs.kernel_tile_rows
@@ -664,51 +768,84 @@ def _emit(region: _Region, ctx, mode):
                                      name="kernel_region"))
     tile = _Tile((rows, mosaic.LANES))
     word = np.dtype(np.int32)
+    in_place = costs.kernel_in_place and steps * rows == total_rows
+    reads = _in_place_inputs(region) if in_place else []
+    writes = _in_place_outputs(region, outvars) if in_place else []
+    read_at = {k: (r, slot) for r, f in enumerate(reads) for k, slot in f.slots.items()}
+    write_at = {k: (w, slot) for w, f in enumerate(writes) for k, slot in f.slots.items()}
+    direct = [k for k in range(len(region.inputs)) if k not in read_at]
+    outs_direct = [k for k in range(len(region.outputs)) if k not in write_at]
 
     def io(dt):  # booleans cross the kernel's boundary as int32
         return word if np.dtype(dt) == np.bool_ else np.dtype(dt)
 
+    def block(f):
+        return (f.layout.slabs, rows * f.layout.sublanes, mosaic.LANES)
+
     def body(*refs):
-        ins, outs = refs[:len(pieces)], refs[len(pieces):]
-        vals = []
-        for ref, piece, v in zip(ins, pieces, region.inputs):
-            x = ref[...] if piece else ref[0, 0]
-            vals.append(x != 0 if np.dtype(_dtype(v)) == np.bool_ else x)
+        ins, refs = refs[:len(direct)], refs[len(direct):]
+        arrays, refs = refs[:len(reads)], refs[len(reads):]
+        outs, out_arrays = refs[:len(outs_direct)], refs[len(outs_direct):]
+        vals = [None] * len(region.inputs)
+        for ref, k in zip(ins, direct):
+            x = ref[...] if pieces[k] else ref[0, 0]
+            vals[k] = x != 0 if np.dtype(_dtype(region.inputs[k])) == np.bool_ else x
+        for k, (r, (slab, sub)) in read_at.items():
+            vals[k] = C.pallas_load_rows(arrays[r], slab, sub, rows, reads[r].layout.sublanes)
         res = evaluate(region_cj.jaxpr, (), vals, tile)
-        for ref, x, v in zip(outs, res, region.outputs):
-            x = lax.convert_element_type(x, io(_dtype(v)))
+        for ref, k in zip(outs, outs_direct):
+            x = lax.convert_element_type(res[k], io(_dtype(region.outputs[k])))
             ref[...] = jnp.broadcast_to(x, tile.shape)
+        for k, (w, (slab, sub)) in write_at.items():
+            x = jnp.broadcast_to(res[k], tile.shape)
+            C.pallas_store_rows(out_arrays[w], slab, sub, rows, writes[w].layout.sublanes, x)
 
     def kernel(*args):
         ops = []
-        for x, piece in zip(args, pieces):
+        for x, k in zip(args, direct):
             x = x.astype(io(x.dtype))
-            ops.append(x.reshape(total_rows, mosaic.LANES) if piece else x.reshape(1, 1))
+            ops.append(x.reshape(total_rows, mosaic.LANES) if pieces[k] else x.reshape(1, 1))
+        ops += [f.layout.to_view(x) for f, x in zip(reads, args[len(direct):])]
+        out_avals = ([((total_rows, mosaic.LANES), io(_dtype(region.outputs[k])))
+                      for k in outs_direct]
+                     + [(f.layout.view_shape(), np.dtype(_dtype(f.array))) for f in writes])
         outs = C.pallas_tiles_call(
-            body, ops, [not p for p in pieces],
-            [((total_rows, mosaic.LANES), io(_dtype(v))) for v in region.outputs],
-            rows, steps, interpret=interpret, name="jaxrewrite_kernel",
-            flops=work * n, bytes_accessed=4 * n * (sum(pieces) + len(region.outputs)),
+            body, ops,
+            [(rows, mosaic.LANES) if pieces[k] else None for k in direct]
+            + [block(f) for f in reads],
+            out_avals,
+            [(rows, mosaic.LANES)] * len(outs_direct) + [block(f) for f in writes],
+            steps, interpret=interpret, name="jaxrewrite_kernel",
+            flops=work * n, bytes_accessed=4 * sum(math.prod(s) for s, _ in out_avals)
+            + 4 * sum(math.prod(o.shape) for o in ops),
             input_fusion=costs.kernel_input_fusion)
-        return [o.reshape(n) != 0 if np.dtype(_dtype(v)) == np.bool_ else o.reshape(n)
-                for o, v in zip(outs, region.outputs)]
+        got = [o.reshape(n) != 0 if np.dtype(_dtype(region.outputs[k])) == np.bool_
+               else o.reshape(n) for o, k in zip(outs, outs_direct)]
+        return got + [f.layout.from_view(o) for f, o in zip(writes, outs[len(outs_direct):])]
 
     em = _walk.Emitter(site)
-    results = em.call(kernel, *region.inputs)
+    results = em.call(kernel, *[region.inputs[k] for k in direct], *[f.array for f in reads])
+    env = {region.outputs[k]: r for k, r in zip(outs_direct, results)}
+    env.update({f.array: r for f, r in zip(writes, results[len(outs_direct):])})
     inside = (f"loop{'s' if loops > 1 else ''} of "
               f"{', '.join('?' if t is None else str(t) for t in trips)} trips inside"
               if loops else "straight-line")
+    in_place_note = "".join(
+        f"; {len(f.slots)} piece(s) {how} {_shape(f.array)} in place, as "
+        f"{f.layout.view_shape()}" for how, fs in (("read from", reads), ("written to", writes))
+        for f in fs)
     note = (f"{sum(pieces)} piece(s) of {n} in, {len(region.outputs)} out"
             f"{f', {len(pieces) - sum(pieces)} scalar(s) in SMEM' if not all(pieces) else ''}; "
             f"{len(region.members)} equation(s), {inside} ({work} evaluated a tile); tiles "
-            f"({rows}, {mosaic.LANES}), grid ({steps},)"
+            f"({rows}, {mosaic.LANES}), grid ({steps},){in_place_note}"
             f"{'; Pallas interpreter' if interpret else ''}")
     ctx.report.applied(NAME, site, after=("pallas_call",), note=note)
     ctx.report.stats.setdefault(NAME, []).append(dict(
         elements=n, rows=rows, grid=steps, pieces_in=sum(pieces),
         scalars_in=len(pieces) - sum(pieces), pieces_out=len(region.outputs),
-        eqns=len(region.members), work=work, trips=trips, interpret=interpret))
-    return em.eqns, results
+        eqns=len(region.members), work=work, trips=trips, interpret=interpret,
+        in_place_in=len(read_at), in_place_out=len(write_at)))
+    return em.eqns, env, {id(e) for f in writes for e in f.dropped}
 
 
 # --- entry points ------------------------------------------------------------------------------
