@@ -102,9 +102,10 @@ def _native(n: int, rows: int, interpret: bool):
     row-major (4, N/32, 128) array V[r, 4t + c, l] = x[128t + l, r, c], so `x` viewed as V is a
     bitcast (compiled for a TPU v5e: the kernel is the program's only launch), and word
     (r, c) of `rows` tiles is V[r, c::4] of a (4, 4 rows, 128) block: a sublane-strided load,
-    and a strided store back. (The pass's kernel takes 16 pieces (N/128, 128); XLA makes
-    them, and the (N, 4, 4) result, with 5 relayout fusions: 650K of the program's 1.23M
-    bundles, `bench/tpu_aot.py`.)"""
+    and a strided store back. (The pass's kernel took 16 pieces (N/128, 128), which XLA made,
+    and the (N, 4, 4) result, with 5 relayout fusions: 650K of the program's 1.23M bundles,
+    `bench/tpu_aot.py`. Since Dec 7 night it reads and writes in place too, through
+    `backend/tpu_layout.py`: `author` is this kernel made by the pass.)"""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
