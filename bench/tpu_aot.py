@@ -3,6 +3,7 @@
     python3 bench/tpu_aot.py                         # tpu_dump's programs, 1,048,576 blocks
     python3 bench/tpu_aot.py author split threefry_jit --n 65536
     python3 bench/tpu_aot.py step:jit:8 step:scan:8 step:reroll:8    # issue 46's step forms
+    python3 bench/tpu_aot.py acc:chacha:jit acc:chacha:opt acc:chacha:pieces
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`, best in a venv of its own: `.ci/run`'s tpu-aot
 step makes one). Each program (`tpu_dump.build`: the kernel pass's ChaCha20 kernels, hand-made
@@ -21,10 +22,15 @@ Threefry kernel, 2.04M, ran 2.04-2.10 ms. So a bundle costs about 1.0 ns where t
 bound; where HBM is (copies, relayouts) the time is longer than the bundles say, and only the
 chip can tell. `predicted_ms` is `dynamic` x 1.0 ns, a lower bound.
 
+`acc:GROUP:FORM` programs are the accelerator bench's group GROUP (`chacha`, `salsa`, ...) as
+FORM (`jit`, `opt`, or `pieces`: `kernel_in_place=False`): compile seconds and launches of
+each of its programs, no bundles.
+
 `step:FORM:LAYERS` programs are the training step of `tpu_costs.py --only reroll` (forms in
 `STEP_FORMS`): compile seconds on this host, launches and temporaries, no bundles.
 
-One JSON line a program; with `--out DIR` (default `bench/results/`), `tpu_aot.json`.
+One JSON line a program; with `--out DIR` (default `bench/results/`), `tpu_aot.json`
+(`tpu_aot_steps.json` for `step:` programs alone, `tpu_aot_accelerator.json` for `acc:` ones).
 """
 from __future__ import annotations
 
@@ -135,6 +141,34 @@ def _step(form: str, layers: int):
     return f, specs, costs
 
 
+# `acc:GROUP:FORM`: each program of one of the accelerator bench's groups (`accelerator.py`,
+# its sizes for the chip) compiled here as `jit`, `opt` (optimize, the TPU's defaults) or
+# `pieces` (the same with `kernel_in_place=False`: the kernel on pieces XLA relayouts): compile
+# seconds and launches per program, no bundles.
+ACC_FORMS = {"jit": None, "opt": {}, "pieces": {"kernel_in_place": False}}
+
+
+def _acc(group: str, form: str) -> dict:
+    import jax
+
+    import accelerator
+    import jaxrewrite
+    from jaxrewrite.backend import cost, xla
+    rows = []
+    for case in getattr(accelerator, f"{group}_cases")(False):
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in case.make_args()]
+        jax.clear_caches()        # (optimize's rewrite is cached per program, not per row)
+        with jax.enable_x64(case.x64), cost.override_row("tpu", **(ACC_FORMS[form] or {})):
+            f = (jax.jit(case.fn) if ACC_FORMS[form] is None
+                 else jaxrewrite.optimize(case.fn, target="tpu"))
+            t = time.perf_counter()
+            compiled = xla.tpu_compile(f, *specs)
+        rows.append(dict(program=case.program, size=case.size,
+                         compile_s=round(time.perf_counter() - t, 2),
+                         launches=sum(xla.launches(compiled).values())))
+    return dict(program=f"acc:{group}:{form}", cases=rows)
+
+
 def child(name: str, n: int) -> dict:
     sys.path.insert(0, HERE)
     import jax
@@ -143,6 +177,8 @@ def child(name: str, n: int) -> dict:
     import tpu_dump
     from jaxrewrite.backend import xla
 
+    if name.startswith("acc:"):
+        return _acc(*name.split(":")[1:])
     if name.startswith("step:"):
         _, form, layers = name.split(":")
         f, specs, costs = _step(form, int(layers))
@@ -161,7 +197,7 @@ def child(name: str, n: int) -> dict:
 
 
 def run(name: str, n: int) -> dict:
-    bundled = not name.startswith("step:")      # (steps: no dump, module comment above)
+    bundled = not name.startswith(("step:", "acc:"))   # (no dump: the comments above)
     with tempfile.TemporaryDirectory() as dump:
         env = dict(os.environ, JAX_PLATFORMS="cpu",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -190,7 +226,10 @@ def main(argv=None) -> list[dict]:
         rows.append(run(name, n))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "parts"}), flush=True)
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "tpu_aot.json"), "w") as fh:
+    kinds = {name.split(":")[0] if ":" in name else "" for name in names}
+    file = {"step": "tpu_aot_steps.json", "acc": "tpu_aot_accelerator.json"}.get(
+        kinds.pop() if len(kinds) == 1 else "", "tpu_aot.json")
+    with open(os.path.join(out, file), "w") as fh:
         json.dump(rows, fh, indent=1)
     return rows
 

@@ -521,6 +521,18 @@ def test_the_author_s_state_in_place_is_the_program_s_only_launch():
 
 
 @_DEVICELESS
+def test_the_deviceless_bench_compiles_an_accelerator_group(tmp_path):
+    """`bench/tpu_aot.py acc:salsa:opt`: the accelerator bench's Salsa20/8 programs compiled
+    for a TPU v5e here with the TPU's defaults; at 65,536 blocks the kernel reads and writes
+    the state in place (fewer launches than on pieces)."""
+    import tpu_aot
+    rows = tpu_aot.main(["acc:salsa:opt", "acc:salsa:pieces", "--out", str(tmp_path)])
+    opt, pieces = ({c["size"]: c["launches"] for c in r["cases"]} for r in rows)
+    assert opt[65536] < pieces[65536] and opt[4096] == pieces[4096]
+    assert (tmp_path / "tpu_aot_accelerator.json").exists()
+
+
+@_DEVICELESS
 def test_the_never_worse_sweep_compiles_for_the_tpu_without_one(tmp_path):
     """`never_worse_sweep.py --compile-only`: generated programs compiled for a TPU v5e here,
     jax.jit, its A/A and optimize (the TPU's decisions); a line each, resumable."""

@@ -88,3 +88,10 @@ def test_chacha_s_pieces_are_found_in_either_layout():
     cols = V.reshape(V.contiguous((n, 4, 4)), (n, 16))
     assert V.take(rows, 0, 5).key() == V.take(cols, 1, 5).key() == ((n,), (16,), 5)
     assert V.reshape(V.View((4, n), (1, 16)), (4 * n,)) is None   # would need a copy
+
+
+def test_a_copy_is_the_same_view():
+    """`jnp.array(x)` (the author's state wrapper) leaves a `copy`: the same elements, in order,
+    so a piece past it is still a view of the user's array (the kernel reads that in place)."""
+    v = V.View((4, 16), (1, 4), 3)
+    assert V.apply(v, _eqn("copy")) == v and V.apply(v, _eqn("copy_p")) == v

@@ -5,11 +5,11 @@
     t = transpose[(1, 2, 0)] x ; r = reshape[(16, N)] t ; p = squeeze(slice[5:6, :] r)
     view_of(p, x) == View(shape=(N,), strides=(16,), offset=5)      (p[n] is x[n, 1, 1])
 
-Slices, squeezes, transposes and reshapes that numpy could make without a copy keep a value a
-view; anything else (a reshape that would need one, any computation) ends it (None). Two values
-with equal views hold the same elements of `root` in the same order: that is how a pass finds
-that a piece it needs is already at hand. Pure Python on shapes: nothing is the size of the
-data.
+Slices, squeezes, transposes, copies, and reshapes that numpy could make without a copy keep
+a value a view; anything else (a reshape that would need one, any computation) ends it (None).
+Two values with equal views hold the same elements of `root` in the same order: that is how a
+pass finds that a piece it needs is already at hand. Pure Python on shapes: nothing is the size
+of the data.
 """
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ def apply(v: View, eqn) -> View | None:
     """The view of `eqn`'s result, `eqn` applied to a value of view `v`; None where `eqn` is not
     data movement this module follows."""
     name, p = eqn.primitive.name, eqn.params
+    if name in ("copy", "copy_p"):          # (`jnp.array(x)`: the same elements, in order)
+        return v
     if name == "transpose":
         perm = p["permutation"]
         return View(tuple(v.shape[k] for k in perm), tuple(v.strides[k] for k in perm),
