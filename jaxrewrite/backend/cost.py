@@ -69,19 +69,29 @@ class TargetCosts:
     # and the split's strided loops gain nothing certain. From 4,096 every one measured ran faster.
     # GPU: kernels, not loops, cost: no minimum.
     min_piece_elements: int = 0
-    # Where no kernel will take the split (pieces below `kernel_min_elements`), the most a level
-    # may grow: a split past both `nokernel_max_eqns` equations and `nokernel_max_growth` times
-    # its own is declined (0: no such limit). TPU v5e, the never-worse sweep at 4,096 (Dec 7,
-    # bench/never_worse_sweep.py, `bench/results/never_worse_sweep_tpu.jsonl`): XLA:TPU compiles
-    # the split pieces as fusions of their own, and ARX levels split from 47-256 to 640-3,328
-    # equations (10.7-14.1x) compiled 3.1-15.5x `jax.jit` for runs of 0.93-1.07x; 496-512
-    # equations (7.5-10.8x) compiled 2.5-2.9x, and no split there ran faster than 0.92x. Kept
-    # below both: Salsa20/8 (349 -> 1,048 equations, 3.0x: compile 1.19x), bitonic sorts of 16
-    # keys (40 -> 480: 1.84x), switch tables (up to 2.6x growth: runs 0.09-0.24x). A float or
-    # narrow split is one no kernel takes at any size (kernels hold 32-bit words; float
-    # stencils split at 65,536 ran 0.89-1.03x on the chip, Dec 7).
+    # Where no kernel will take the split (pieces below `kernel_min_elements`; floats and narrow
+    # or 64-bit words at any size), the most a level may grow: `nokernel_max_growth` times its
+    # equations, and `nokernel_large_growth` times once it would pass `nokernel_max_eqns` (0: no
+    # such limit). XLA:TPU compiles the split pieces as fusions of their own, and such splits
+    # gain little on the chip. TPU v5e, the never-worse sweep at 4,096 (Dec 7,
+    # bench/never_worse_sweep.py, `bench/results/never_worse_sweep_tpu.jsonl`): ARX levels split
+    # from 47-256 to 640-3,328 equations (10.7-14.1x) compiled 3.1-15.5x `jax.jit` for runs of
+    # 0.93-1.07x, and no split there ran faster than 0.92x (float stencils at 65,536: 0.89-1.03x).
+    # The same sweep compiled for a TPU v5e with no TPU (Dec 7, `--compile-only`,
+    # `bench/results/never_worse_compile_tpu.jsonl`) under the former limit (600 equations and 8x
+    # both): 13 programs at 4,096 compiled 3.2-3.9x, 11 ARX programs that grew 9.4-9.9x (to
+    # 263-502 equations) or 5.8-5.9x (to 1,603-1,739) and two float stencils 8.6x and 9.4x (to
+    # 517 and 901); every one is declined by these limits, and 18 more that compiled 1.9-2.8x
+    # (31 decisions of 652 changed; growth here is the whole program's equation count). Kept: Salsa20/8 (349 -> 1,048
+    # equations, 3.0x: compile 1.19x, run 0.94x at 4,096 on the chip), ChaCha20 and xoshiro128**
+    # at 4,096, switch tables (up to 2.6x growth: runs 0.09-0.24x). Newly declined among the
+    # accelerator bench's programs: the bitonic sort of 16 keys at 4,096 (12x to 480 equations;
+    # on the chip run 0.99x, compile 1.84x); at 65,536 its kernel takes it. Still past 3x there,
+    # for the chip to decide: float stencils at 65,536 that the plan sees grow 2x and 8x
+    # (compile 6.1x and 3.1-3.3x) and an int8 scatter (3.8-4.7x, half `jax.jit`'s bundles).
     nokernel_max_eqns: int = 0
     nokernel_max_growth: float = 0.0
+    nokernel_large_growth: float = 0.0
     # `autotune=True`: how compiled launch counts (CPU fusions, GPU kernels) decide between the
     # original and the split form. GPU: a kernel launch is the cost, so fewer kernels wins and a
     # tie goes to the model. CPU: fewer fusions is not faster (ChaCha20: take form 20 fusions,
@@ -325,8 +335,8 @@ COSTS: dict[str, TargetCosts] = {
                        batched_update_max_positions=64, batched_update_max_work=1 << 15,
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
                        kernel_in_place=True, threefry_min_elements=0,
-                       kernel_generator_rows=2048, nokernel_max_eqns=600,
-                       nokernel_max_growth=8.0),
+                       kernel_generator_rows=2048, nokernel_max_growth=8.0,
+                       nokernel_max_eqns=500, nokernel_large_growth=5.0),
 }
 
 
@@ -513,14 +523,16 @@ def scalarize_decision(plan: ScalarizePlan, target: str | None, mode,
     # (a kernel takes integer words only: a float or narrow split of any size stays fusions)
     kernel_takes = (kernel_on(kernel, target) and plan.tile_dtypes
                     and kernel_size_reason(plan.piece_elements, kernel, target) is None)
-    if (mode == "auto" and c.nokernel_max_eqns and not kernel_takes
-            and plan.eqns_after > c.nokernel_max_eqns
-            and plan.eqns_after > c.nokernel_max_growth * plan.eqns_before):
-        return (f"splitting would grow the level {plan.eqns_after / plan.eqns_before:.1f}x to "
-                f"{plan.eqns_after} equations that no kernel takes (pieces of "
-                f"{plan.piece_elements} elements, kernel={kernel!r}): on {target} they compile "
-                f"as fusions of their own (limit {c.nokernel_max_eqns} equations and "
-                f"{c.nokernel_max_growth}x: compile time)")
+    growth = plan.eqns_after / max(1, plan.eqns_before)
+    if (mode == "auto" and c.nokernel_max_growth and not kernel_takes
+            and (growth > c.nokernel_max_growth
+                 or (plan.eqns_after > c.nokernel_max_eqns
+                     and growth > c.nokernel_large_growth))):
+        return (f"splitting would grow the level {growth:.1f}x to {plan.eqns_after} equations "
+                f"that no kernel takes (pieces of {plan.piece_elements} elements, "
+                f"kernel={kernel!r}): on {target} they compile as fusions of their own (limit "
+                f"{c.nokernel_max_growth}x, {c.nokernel_large_growth}x past "
+                f"{c.nokernel_max_eqns} equations: compile time)")
     if mode == "auto" and plan.movers_removed * c.mover_gain <= plan.joins * c.join_cost:
         return (f"{plan.movers_removed} permutation(s) would become renaming but {plan.joins} "
                 f"re-join(s) would be needed: no gain on {target}")
