@@ -118,16 +118,17 @@ def _native(n: int, rows: int, interpret: bool):
             for c in range(4):
                 o_ref.at[r][pl.ds(c, rows, stride=4), :] = out[4 * r + c] + words[4 * r + c]
 
+    from jaxrewrite.backend import tpu_layout
+    layout = tpu_layout.native((n, 4, 4), 4)      # (the view above: V[r, 4t + c, l])
     tiles = n // 128
     spec = pl.BlockSpec((4, 4 * rows, 128), lambda i: (0, i, 0))
 
     @jax.jit
     def f(x):
-        v = x.reshape(tiles, 128, 4, 4).transpose(2, 0, 3, 1).reshape(4, 4 * tiles, 128)
         y = pl.pallas_call(kernel, grid=(tiles // rows,), in_specs=[spec], out_specs=spec,
-                           out_shape=jax.ShapeDtypeStruct((4, 4 * tiles, 128), jnp.uint32),
-                           interpret=interpret)(v)
-        return y.reshape(4, tiles, 4, 128).transpose(1, 3, 0, 2).reshape(n, 4, 4)
+                           out_shape=jax.ShapeDtypeStruct(layout.view_shape(), jnp.uint32),
+                           interpret=interpret)(layout.to_view(x))
+        return layout.from_view(y)
     return f
 
 

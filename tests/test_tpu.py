@@ -119,6 +119,24 @@ def test_a_slice_of_the_major_axis_is_still_taken():
     assert "gather" not in counts and counts.get("slice") == 1
 
 
+def _chacha(layout: str, n: int, block):
+    """(ChaCha20's block function vmapped over `n` states laid out as `layout`, the states:
+    block 0 RFC 8439's)."""
+    x = P._blocks(n)
+    if layout == "(N, 4, 4)":
+        return jax.vmap(block), x
+    return (jax.vmap(block, in_axes=2, out_axes=2),
+            jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0))))
+
+
+def _assert_rfc_bits(f, arg, layout: str, **options):
+    """optimize(f) is jax.jit's bit for bit, and block 0 is RFC 8439's (section 2.3.2)."""
+    got = jaxrewrite.optimize(f, **options)(arg)
+    assert_bitwise_equal(got, jax.jit(f)(arg))
+    block0 = np.asarray(got)[0] if layout == "(N, 4, 4)" else np.asarray(got)[:, :, 0]
+    np.testing.assert_array_equal(block0, P.RFC_OUT)
+
+
 @pytest.mark.parametrize("layout", ["(N, 4, 4)", "(4, 4, N)"])
 def test_the_feed_forward_add_is_done_in_the_kernel(layout):
     """ChaCha20 adds its input to the rounds' result. That add, on the re-joined state, was
@@ -127,12 +145,7 @@ def test_the_feed_forward_add_is_done_in_the_kernel(layout):
     ran 1.88 ms, the same 320 vector operations a loop trip: bench/tpu_dump.py). Now it is done
     on the pieces the kernel already reads: 16 words in, 16 out, no add left outside. Where no
     kernel is made (below the TPU row's minimum) the add stays as it was."""
-    x = P._blocks(4096)
-    if layout == "(N, 4, 4)":
-        f, arg = jax.vmap(P.chacha_loop("fori")), x
-    else:
-        f = jax.vmap(P.chacha_loop("fori"), in_axes=2, out_axes=2)
-        arg = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
+    f, arg = _chacha(layout, 4096, P.chacha_loop("fori"))
     res = _rewrite(f, arg, target="tpu", kernel=True)
     levels = [getattr(j, "jaxpr", j) for j in _walk.iter_jaxprs(res.jaxpr)]
     (level,) = [j for j in levels if any(e.primitive.name == "pallas_call" for e in j.eqns)]
@@ -140,10 +153,7 @@ def test_the_feed_forward_add_is_done_in_the_kernel(layout):
     assert "add" not in names and names.count("pallas_call") == 1, names
     (stats,) = res.report.stats["kernel"]
     assert (stats["pieces_in"], stats["pieces_out"]) == (16, 16)
-    got = jaxrewrite.optimize(f, target="tpu", kernel=True)(arg)
-    assert_bitwise_equal(got, jax.jit(f)(arg))
-    block0 = np.asarray(got)[0] if layout == "(N, 4, 4)" else np.asarray(got)[:, :, 0]
-    np.testing.assert_array_equal(block0, P.RFC_OUT)
+    _assert_rfc_bits(f, arg, layout, target="tpu", kernel=True)
     auto = _rewrite(f, arg, target="tpu")           # 4,096 blocks: below kernel_min_elements
     assert "kernel" not in auto.report.stats["changed_by"]
     assert primitive_counts(auto.jaxpr).get("add", 0) >= 1
@@ -169,20 +179,12 @@ def test_the_kernel_reads_and_writes_the_state_where_xla_keeps_it(layout):
     nothing around the kernel (compiled for a TPU v5e with no TPU: the only launch, where the
     16 pieces cost five relayouts). Bit for bit, RFC 8439's block."""
     n = 8192
-    x = P._blocks(n)
-    if layout == "(N, 4, 4)":
-        f, arg = jax.vmap(A.block), x
-    else:
-        f = jax.vmap(A.block, in_axes=2, out_axes=2)
-        arg = jnp.asarray(np.transpose(np.asarray(x), (1, 2, 0)))
+    f, arg = _chacha(layout, n, A.block)
     res = _rewrite(f, arg, target="tpu", kernel=True)
     _assert_in_place(res.jaxpr, (4, 4 * n // 128, 128))
     (stats,) = res.report.stats["kernel"]
     assert (stats["in_place_in"], stats["in_place_out"]) == (16, 16)
-    got = jaxrewrite.optimize(f, target="tpu", kernel=True)(arg)
-    assert_bitwise_equal(got, jax.jit(f)(arg))
-    block0 = np.asarray(got)[0] if layout == "(N, 4, 4)" else np.asarray(got)[:, :, 0]
-    np.testing.assert_array_equal(block0, P.RFC_OUT)
+    _assert_rfc_bits(f, arg, layout, target="tpu", kernel=True)
     with cost.override_row("tpu", kernel_in_place=False):
         pieces = _rewrite(f, arg, target="tpu", kernel=True)
     (call,) = [e for e in _walk.iter_eqns(pieces.jaxpr) if e.primitive.name == "pallas_call"]
