@@ -148,7 +148,7 @@ def test_salsa20_8_written_with_at_set_is_one_kernel_on_the_tpu():
     """Salsa20/8's core as users write it (`s.at[idx].set(...)` per quarter round, on a vmapped
     16-word state; RFC 7914's vector): split for the TPU, every update is renaming, and the
     whole core is one kernel (it was nine, cut by the scatters: on the chip it ran 0.93x its
-    split XLA form)."""
+    split XLA form), which reads and writes the state where XLA:TPU keeps it."""
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
@@ -161,6 +161,9 @@ def test_salsa20_8_written_with_at_set_is_one_kernel_on_the_tpu():
                                                    kernel=kernel)
         counts = primitive_counts(res.jaxpr)
         assert "scatter" not in counts and counts.get("pallas_call", 0) == int(kernel), counts
+        if kernel:   # (the (N, 16) state read through its unstack and written in place)
+            (stats,) = res.report.stats["kernel"]
+            assert (stats["in_place_in"], stats["in_place_out"]) == (16, 16)
         got = jaxrewrite.optimize(f, target="tpu", kernel=kernel)(x)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(f)(x)))
         assert np.asarray(got)[0].astype("<u4").tobytes() == A.SALSA_OUT

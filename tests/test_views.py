@@ -95,3 +95,22 @@ def test_a_copy_is_the_same_view():
     so a piece past it is still a view of the user's array (the kernel reads that in place)."""
     v = V.View((4, 16), (1, 4), 3)
     assert V.apply(v, _eqn("copy")) == v and V.apply(v, _eqn("copy_p")) == v
+
+
+def test_the_results_of_an_unstack_are_views_of_its_operand():
+    """`unstack(x, axis=1)` of a (N, 16) state (how scalarize splits Salsa20/8's words): result
+    k is x[:, k], found through `view_of` as through a slice and a squeeze."""
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    if not hasattr(jax.lax, "unstack"):
+        pytest.skip("this JAX has no unstack primitive")
+    cj = jax.make_jaxpr(lambda x: [w + 1 for w in jax.lax.unstack(x, axis=1)])(
+        jnp.zeros((256, 16), jnp.uint32))
+    assert cj.jaxpr.eqns[0].primitive.name == "unstack"
+    producers = {v: e for e in cj.jaxpr.eqns for v in e.outvars}
+    root = cj.jaxpr.invars[0]
+    pieces = [e.invars[0] for e in cj.jaxpr.eqns if e.primitive.name == "add"]
+    got = [V.view_of(p, root, producers.get, {}) for p in pieces]
+    assert [g.key() for g in got] == [((256,), (16,), k) for k in range(16)]

@@ -5,11 +5,11 @@
     t = transpose[(1, 2, 0)] x ; r = reshape[(16, N)] t ; p = squeeze(slice[5:6, :] r)
     view_of(p, x) == View(shape=(N,), strides=(16,), offset=5)      (p[n] is x[n, 1, 1])
 
-Slices, squeezes, transposes, copies, and reshapes that numpy could make without a copy keep
-a value a view; anything else (a reshape that would need one, any computation) ends it (None).
-Two values with equal views hold the same elements of `root` in the same order: that is how a
-pass finds that a piece it needs is already at hand. Pure Python on shapes: nothing is the size
-of the data.
+Slices, squeezes, transposes, copies, the results of an unstack, and reshapes that numpy could
+make without a copy keep a value a view; anything else (a reshape that would need one, any
+computation) ends it (None). Two values with equal views hold the same elements of `root` in
+the same order: that is how a pass finds that a piece it needs is already at hand. Pure Python
+on shapes: nothing is the size of the data.
 """
 from __future__ import annotations
 
@@ -113,7 +113,11 @@ def view_of(atom, root, defn, memo: dict) -> View | None:
         return memo[atom]
     memo[atom] = None                # (cut cycles; a value made twice is not a view anyway)
     e = defn(atom)
-    if e is not None and len(e.invars) == 1 and len(e.outvars) == 1:
+    if e is not None and len(e.invars) == 1:
         inner = view_of(e.invars[0], root, defn, memo)
-        memo[atom] = None if inner is None else apply(inner, e)
+        if inner is not None and len(e.outvars) == 1:
+            memo[atom] = apply(inner, e)
+        elif inner is not None and e.primitive.name == "unstack":   # (result k: take k)
+            memo[atom] = take(inner, e.params["axis"] % len(inner.shape),
+                              list(e.outvars).index(atom))
     return memo[atom]

@@ -651,7 +651,8 @@ def _say_unfit(eqns, ctx, mode) -> None:
 
 # --- in place: the user's arrays where XLA:TPU keeps them (backend/tpu_layout.py) -------------
 
-_VIEW_OPS = frozenset({"slice", "squeeze", "reshape", "transpose", *mosaic.IDENTITIES})
+_VIEW_OPS = frozenset({"slice", "squeeze", "reshape", "transpose", "unstack",
+                       *mosaic.IDENTITIES})
 
 
 @dataclasses.dataclass
