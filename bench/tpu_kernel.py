@@ -17,8 +17,9 @@ Prints one JSON object and writes it to `$OUT/tpu_kernel.json` where `OUT` is se
    - at the large size, the sweep: `rows=8/16/32` (`TargetCosts.kernel_tile_rows`),
      `input fusion` (`kernel_input_fusion`: XLA may fuse the split of the (N, 4, 4) state into
      the kernel's inputs), `pieces` (`kernel_in_place=False`: the kernel on 16 pieces that XLA
-     relayouts, as before Dec 7 night, not on the state where XLA keeps it); the Python-loop form (`chacha_loop("python")`, a straight-line
-     kernel) under jit, `kernel=False` and the kernel; and a word-major caller (the state as
+     relayouts, as before Dec 7 night, not on the state where XLA keeps it); the Python-loop
+     form (`chacha_loop("python")`, a straight-line kernel) under jit, `kernel=False` and the
+     kernel; and a word-major caller (the state as
      (4, 4, N), vmapped over its last axis: pieces are contiguous rows, no transposes).
 2. Salsa20/8 (the scrypt core, a 4x4 state in the same style), Philox-4x32-10 (counters
    vmapped, the key shared: scalar words carried in the loop; 32x32 multiplies in 16-bit

@@ -114,3 +114,23 @@ def test_the_results_of_an_unstack_are_views_of_its_operand():
     pieces = [e.invars[0] for e in cj.jaxpr.eqns if e.primitive.name == "add"]
     got = [V.view_of(p, root, producers.get, {}) for p in pieces]
     assert [g.key() for g in got] == [((256,), (16,), k) for k in range(16)]
+
+
+def test_a_stack_s_operands_are_views_of_its_reshaped_result():
+    """`views.stacked`: operand i of `stack[axis=1]` reshaped to (N, 4, 4) is x[:, i // 4, i % 4]
+    (the feed-forward's and the in-place kernel's question); reshaped to any shape, its
+    elements sit where the row-major (N, 16) result puts them."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 256
+    cj = jax.make_jaxpr(lambda *p: jnp.stack(p, axis=1))(*[jnp.zeros((n,), jnp.uint32)] * 16)
+    (st,) = [e for e in cj.jaxpr.eqns if e.primitive.name == "stack"]
+    got = V.stacked((n, 4, 4), st)
+    assert [w.key() for w in got] == [((n,), (16,), i) for i in range(16)]
+    x = np.arange(n * 16).reshape(n, 4, 4)
+    for i, w in enumerate(got):
+        np.testing.assert_array_equal(_positions(w), x[:, i // 4, i % 4])
+    flat = np.arange(n * 16).reshape(n, 16)
+    for i, w in enumerate(V.stacked((4, n, 4), st)):
+        np.testing.assert_array_equal(_positions(w), flat[:, i])

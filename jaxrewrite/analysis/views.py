@@ -78,6 +78,18 @@ def reshape(v: View, shape) -> View | None:
     return View(shape, strides, v.offset)
 
 
+def stacked(shape, stack) -> list[View] | None:
+    """Where each operand of the `stack` equation sits in a row-major array of `shape` that is
+    its result reshaped (None where that reshape would copy):
+
+        y = reshape[(N, 4, 4)](stack[axis=1](p0..p15))     stacked((N, 4, 4), stack)[5]
+                                                           == View((N,), (16,), 5)"""
+    base = reshape(contiguous(tuple(shape)), tuple(C.aval_of(stack.outvars[0]).shape))
+    if base is None:
+        return None
+    return [take(base, stack.params["axis"], i) for i in range(len(stack.invars))]
+
+
 def apply(v: View, eqn) -> View | None:
     """The view of `eqn`'s result, `eqn` applied to a value of view `v`; None where `eqn` is not
     data movement this module follows."""

@@ -545,10 +545,10 @@ def _epilogues(j, ctx):
                 or size_reason(n[0], 1 << 30, ctx) is not None):
             return None
         # each piece of y as a view of y: row i of y laid out as the stack is
-        base = views.reshape(views.contiguous(_shape(y)), _shape(st.outvars[0]))
-        if base is None:
+        rows = views.stacked(_shape(y), st)
+        if rows is None:
             return None
-        want = [views.take(base, st.params["axis"], i).key() for i in range(len(pieces))]
+        want = [w.key() for w in rows]
         here, memo = order[eqn.outvars[0]], {}
         at_hand: dict = {}
         for v, i in order.items():
@@ -730,11 +730,10 @@ def _in_place_outputs(region: _Region, outvars) -> list:
             dropped.append(users[0])
             final = users[0].outvars[0]
         layout = tpu_layout.native(_shape(final), np.dtype(_dtype(final)).itemsize)
-        base = views.reshape(views.contiguous(_shape(final)), _shape(st.outvars[0]))
-        if layout is None or layout.n != region.n or base is None:
+        rows = views.stacked(_shape(final), st)
+        if layout is None or layout.n != region.n or rows is None:
             continue
-        slots = {outputs[a]: _column(views.take(base, st.params["axis"], i), layout)
-                 for i, a in enumerate(ins)}
+        slots = {outputs[a]: _column(w, layout) for w, a in zip(rows, ins)}
         if all(s is not None for s in slots.values()):
             found.append(_InPlace(final, layout, slots, tuple(dropped)))
     return found
