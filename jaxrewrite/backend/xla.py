@@ -165,8 +165,32 @@ def tpu_aot_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+# the device kind JAX reports for each topology's chip: on a host that has it, its own device
+# compiles the same as the compile-only one (and a second libtpu cannot open the chip it holds)
+_TPU_KINDS = {"v5e:1x1": "TPU v5 lite"}
+
+
+def _host_chip(topology: str):
+    """This host's own TPU device where it is `topology`'s chip, else None."""
+    if jax.default_backend() != "tpu" or topology not in _TPU_KINDS:
+        return None
+    device = jax.devices()[0]
+    return device if device.device_kind == _TPU_KINDS[topology] else None
+
+
+def tpu_compile_available(topology: str = TPU_TOPOLOGY) -> bool:
+    """Whether `tpu_compile` can compile for `topology` here: libtpu with no TPU (the
+    `tpu-aot` extra), or this host's own chip of that kind."""
+    if jax.default_backend() == "tpu":
+        return _host_chip(topology) is not None
+    return tpu_aot_available()
+
+
 @functools.lru_cache(maxsize=None)
 def _tpu_sharding(topology: str):
+    chip = _host_chip(topology)
+    if chip is not None:
+        return jax.sharding.SingleDeviceSharding(chip)
     if not tpu_aot_available():
         raise ImportError("compiling for the TPU with no TPU needs the tpu-aot extra: "
                           "pip install 'jaxrewrite[tpu-aot]' (libtpu at jax's version)")
@@ -187,7 +211,8 @@ def tpu_specs(*specs, topology: str = TPU_TOPOLOGY) -> list:
 
 
 def tpu_compile(fn: Callable, *specs, topology: str = TPU_TOPOLOGY):
-    """Compile `fn` (a function, `jax.jit` or `optimize` object) for a TPU, deviceless.
+    """Compile `fn` (a function, `jax.jit` or `optimize` object) for a TPU, deviceless (on a
+    host with that TPU, for its own chip: compiled, not run).
 
     Kernels that `fn`'s rewrite emits are emitted for Mosaic (`mosaic.emit_for("tpu")`), not
     for Pallas's interpreter, whatever this process runs on. The result can be inspected
