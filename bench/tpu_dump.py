@@ -16,6 +16,8 @@ Programs (1,048,576 blocks; block 0 RFC 8439's state):
   unrolled 1, 2 or 10 times, the feed-forward add inside too);
 - `hand_native` (named on the command line): the same kernel reading and writing the
   author's (N, 4, 4) state where XLA:TPU keeps it, with no relayout around it (`_native`).
+- `salsa`, `salsa_split`, `salsa_jit` (named on the command line): the accelerator bench's
+  Salsa20/8 core on an (N, 16) state, as the kernel, the split XLA form and `jax.jit`.
 
 Each compiles and runs in a child process of its own with
 `LIBTPU_INIT_ARGS=--xla_mosaic_dump_to=DIR` (a flag libtpu reads when it starts; `--xla_dump_to`
@@ -49,7 +51,8 @@ PROGRAMS = ("author", "word", "hand", "hand_unroll2", "hand_unroll", "hand_r32")
 # more, named on the command line: the pass's kernel with other tile rows, the split XLA form
 # (XLA's own fusions of the same rounds), and JAX's Threefry draw of 2**26 words by jax.jit and
 # by the kernel (issues 44, 47: does XLA's fusion keep the VPU busier than the kernels' loops?)
-MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel", "hand_native")
+MORE = ("author_r8", "author_r32", "split", "threefry_jit", "threefry_kernel", "hand_native",
+        "salsa", "salsa_split", "salsa_jit")
 BUNDLE_LIMIT = 15 << 20     # a file a device call brings back: 16 MiB at most
 
 
@@ -149,6 +152,15 @@ def build(name: str, n: int, interpret: bool = False):
         f = (jax.jit(draw) if name == "threefry_jit"
              else jaxrewrite.optimize(draw, kernel=True, target="tpu"))
         return f, jax.random.key(2026)
+    if name.startswith("salsa"):
+        # the accelerator bench's Salsa20/8 (scrypt's core, a vmapped (N, 16) state): issue 44's
+        # item 4 asks its kernel for <= 0.5x its split form
+        from accelerator import salsa20_8
+        state = jnp.asarray(np.random.default_rng(0).integers(0, 2**32, (n, 16), np.uint32))
+        f = jax.vmap(salsa20_8)
+        return ({"salsa_jit": jax.jit(f),
+                 "salsa_split": jaxrewrite.optimize(f, kernel=False, target="tpu")}.get(name)
+                or jaxrewrite.optimize(f, kernel=True, target="tpu")), state
     x = _blocks(n)
     if name in ("author_r8", "author_r32"):
         import dataclasses
@@ -189,6 +201,12 @@ def child(name: str, n: int, interpret: bool) -> dict:
         exact = bool(jnp.array_equal(compiled(arg), jax.jit(draw)(arg)))
         run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
         return dict(program=name, words=64 * n, run_ms=round(run_s * 1e3, 3),
+                    compile_s=round(compile_s, 2), exact=exact)
+    if name.startswith("salsa"):
+        from accelerator import salsa20_8
+        exact = bool(jnp.array_equal(compiled(arg), jax.jit(jax.vmap(salsa20_8))(arg)))
+        run_s = _common.paired({name: lambda: compiled(arg)}, repeats=7)[name]
+        return dict(program=name, blocks=n, run_ms=round(run_s * 1e3, 3),
                     compile_s=round(compile_s, 2), exact=exact)
     out = np.asarray(compiled(arg))
     block0 = out[0] if name in ("split", "hand_native") or name.startswith("author") else (

@@ -422,11 +422,12 @@ def test_the_chip_s_training_step_table_runs_on_any_host():
 
 def test_the_mosaic_dump_bench_runs_on_any_host(tmp_path):
     """bench/tpu_dump.py (issue 44, item 4, run on the chip): the pass's kernel and the hand-made
-    one at 4,096 blocks in Pallas's interpreter, RFC 8439's block from both; and its reading of
-    a Mosaic dump's last stage: the operations of the loop counted apart."""
+    one at 4,096 blocks in Pallas's interpreter, RFC 8439's block from both (Salsa20/8's kernel:
+    jax.jit's bits); and its reading of a Mosaic dump's last stage: the operations of the loop
+    counted apart."""
     import tpu_dump
-    rows = tpu_dump.main(["--quick", "author", "hand", "hand_native"])
-    assert [r["program"] for r in rows] == ["author", "hand", "hand_native"]
+    rows = tpu_dump.main(["--quick", "author", "hand", "hand_native", "salsa"])
+    assert [r["program"] for r in rows] == ["author", "hand", "hand_native", "salsa"]
     assert all(r.get("exact") is True for r in rows), rows
     (tmp_path / "k-0018-mosaic-dump-anonymous-post-finalize-llo.txt").write_text(
         "%0 = llo.vector_load %arg1 : i32 -> vector<8x128xi32>\n"
