@@ -282,7 +282,9 @@ class TargetCosts:
     # is written the same way, so XLA moves nothing around the kernel. ChaCha20 compiled for a
     # TPU v5e with no TPU (bench/tpu_aot.py, Dec 7): the pieces cost five relayout fusions,
     # 650K of the program's 1.23M bundles; by hand in place, the kernel was the only launch, at
-    # 0.56M bundles (bench/tpu_dump.py's `hand_native`). Not yet timed on the chip.
+    # 0.56M bundles (bench/tpu_dump.py's `hand_native`). On the chip (Dec 7, bench/tpu_kernel.py
+    # --only chacha, 1,048,576 blocks, paired): in place 1.06 ms, on pieces 1.62 ms (`jax.jit`
+    # 20.85 ms), one launch against six, compile 0.44 s against 4.31 s.
     kernel_in_place: bool = False
     # JAX's Threefry draws opened into their rounds for that kernel (passes/threefry.py,
     # `kernel="auto"`): from `threefry_min_elements` elements a draw (0: never by default;

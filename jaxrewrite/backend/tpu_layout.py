@@ -30,9 +30,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-LANES = 128
+import numpy as np
+
+from .mosaic import LANES
+
 _TILE_ROWS = 8                # the sublane tile of 32-bit data
-_SHORT = 128                  # a short axis: fewer elements than the lanes
+_SHORT = LANES                # a short axis: fewer elements than the lanes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,26 +67,24 @@ class Native:
             flat = flat * d + i
         return flat // self.sublanes, flat % self.sublanes
 
+    def _long_last(self) -> tuple:
+        """The permutation that moves the long axis last, the short ones in order before it."""
+        return (*[k for k in range(len(self.shape)) if k != self.axis], self.axis)
+
     def to_view(self, x):
         """x (of `shape`) as V (`view_shape`): a bitcast where XLA keeps x as modelled."""
         from jax import lax
         t, short = self.sublanes, self.short
-        x = lax.transpose(x, (*[k for k in range(len(self.shape)) if k != self.axis], self.axis))
+        x = lax.transpose(x, self._long_last())
         x = x.reshape(math.prod(short) // t, t, self.n // LANES, LANES)
         return lax.transpose(x, (0, 2, 1, 3)).reshape(self.view_shape())
 
     def from_view(self, v):
         """The inverse of `to_view`."""
         from jax import lax
-        t, short, k = self.sublanes, self.short, len(self.shape)
-        v = v.reshape(self.slabs, self.n // LANES, t, LANES)
-        v = lax.transpose(v, (0, 2, 1, 3)).reshape(*short, self.n)
-        back = [0] * k                    # x's axis a is the view's axis back[a]
-        rest = [a for a in range(k) if a != self.axis]
-        for pos, a in enumerate(rest):
-            back[a] = pos
-        back[self.axis] = k - 1
-        return lax.transpose(v, tuple(back))
+        v = v.reshape(self.slabs, self.n // LANES, self.sublanes, LANES)
+        v = lax.transpose(v, (0, 2, 1, 3)).reshape(*self.short, self.n)
+        return lax.transpose(v, tuple(int(a) for a in np.argsort(self._long_last())))
 
 
 def native(shape: tuple, itemsize: int) -> Native | None:
