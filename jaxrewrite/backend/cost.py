@@ -118,6 +118,17 @@ class TargetCosts:
     # renaming: `passes/scalarize.py`). GPU: the scatter is a kernel of its own after a copy of
     # the operand, the select fuses (`x.at[:, idx].set(0.0)`: 2 -> 1 H200 kernels).
     update_form: str = "select"
+    # Where `update_form` is "select": operands below this many elements keep the update
+    # (0: no minimum). TPU v5e (Dec 8, bench/never_worse_sweep.py, the property test's static
+    # column, face and register updates): at 4,096 examples (65,536-221,184 elements) the
+    # select form ran a median 1.02x jax.jit (0.92-1.07x; A/A 0.92-1.09x) and compiled
+    # 1.07-1.87x, two over the never-worse limit (1.07x, 1.05x); at 65,536 examples
+    # (524,288-3,538,944 elements) it ran 0.81-1.04x. The small ones are launch-bound (0.13-0.15
+    # ms whichever form) and the select adds fusions, so below the minimum the update stays
+    # (`jax.jit`'s launches, where the select had 4-9 -> 6-18 for column writes), except where
+    # only selects read it (`update_form_decision`); scalarize still takes it where a split
+    # makes it renaming, as on the CPU.
+    update_select_min_elements: int = 0
     # Re-rolling (passes/reroll.py): read per-layer operands from their list inside the loop
     # instead of stacking a copy (the parameters, alive through the backward loop). CPU: temp
     # memory of the N=24 stack's gradient 9.19 -> 4.69 MB at the same run time (+5% compile).
@@ -339,7 +350,8 @@ COSTS: dict[str, TargetCosts] = {
                        kernel_min_elements=65_536, kernel_min_eqns=64, kernel_tile_rows=16,
                        kernel_in_place=True, threefry_min_elements=0,
                        kernel_generator_rows=2048, nokernel_max_growth=8.0,
-                       nokernel_max_eqns=500, nokernel_large_growth=5.0),
+                       nokernel_max_eqns=500, nokernel_large_growth=5.0,
+                       update_select_min_elements=1 << 18),
 }
 
 
@@ -373,11 +385,21 @@ class ScalarizePlan:
 
 
 def update_form_decision(target: str | None, operand_elements: int, updated_elements: int,
-                         forced: bool = False) -> str | None:
+                         forced: bool = False, feeds_selects: bool = False) -> str | None:
     """Why a static update stays an update (None: take the select form). `forced`:
-    `gathers="all"`, which asks for every structural form."""
-    if forced or costs(target).update_form == "select":
+    `gathers="all"`, which asks for every structural form. `feeds_selects`: every use of the
+    result is a `select_n` (a vmapped `switch` merging its branches), which the select form
+    joins, where the update would be a kernel of its own (TPU v5e, the property test's switch
+    tables at 4,096: 9-45 launches with the select form, 13-65 with the update kept, `jax.jit`
+    24-129; with the select form they ran 0.07-0.28x `jax.jit`), so below the minimum too."""
+    c = costs(target)
+    if forced or (c.update_form == "select"
+                  and (operand_elements >= c.update_select_min_elements or feeds_selects)):
         return None
+    if c.update_form == "select":
+        return (f"kept as an update on {target}: its operand of {operand_elements} elements is "
+                f"below {c.update_select_min_elements}, where the select form measured no "
+                "faster and compiled slower (taken only where scalarize splits the updated axis)")
     return (f"kept as an in-place update on {target}: it writes {updated_elements} element(s); "
             f"the select form would read and write all {operand_elements} (taken only where "
             "scalarize splits the updated axis)")

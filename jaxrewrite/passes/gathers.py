@@ -138,7 +138,9 @@ class _Statics:
     from constants alone (no operand of the level, no effects), known or not: a gather indexed
     by one that has no value here was not made static, and says so (`_unfolded_index`)."""
 
-    def __init__(self, consts: dict | None = None, limit: int = 1 << 20):
+    def __init__(self, consts: dict | None = None, limit: int = 1 << 20,
+                 uses: dict | None = None):
+        self.uses = uses or {}      # var -> the names of the level's primitives that read it
         self.producers: dict = {}
         self.consts = consts or {}
         self.from_constants: set = set(self.consts)
@@ -154,6 +156,11 @@ class _Statics:
 
     def producer(self, atom):
         return None if C.is_literal(atom) else self.producers.get(atom)
+
+    def only_used_by(self, var, name: str) -> bool:
+        """Every use of `var` in the level is a `name` equation (an output of the level is not)."""
+        names = self.uses.get(var)
+        return bool(names) and all(n == name for n in names)
 
     def value(self, atom):
         if C.is_literal(atom):
@@ -340,7 +347,9 @@ def _update(eqn, ctx, statics):
     if any(statics.value(a) is None for a in U.index_atoms(eqn)):
         return None  # dynamic indices: nothing to do (not a decline)
     operand, updated = U.sizes(eqn)
-    why = _cost.update_form_decision(ctx.target, operand, updated, ctx.options.gathers == "all")
+    feeds_selects = statics.only_used_by(eqn.outvars[0], "select_n")
+    why = _cost.update_form_decision(ctx.target, operand, updated, ctx.options.gathers == "all",
+                                     feeds_selects)
     if why is not None and updated < operand:
         raise Decline(why)  # (it cannot write every element)
     try:
@@ -573,9 +582,17 @@ def _level(cj, ctx):
     if not any(e.primitive.name in RULES for e in cj.jaxpr.eqns):
         return cj  # nothing this pass rewrites at this level
     # numpy index tables only: already in host memory (a jax Array might be a device's weights)
+    uses: dict = {}
+    for e in cj.jaxpr.eqns:
+        for a in e.invars:
+            if not C.is_literal(a):
+                uses.setdefault(a, []).append(e.primitive.name)
+    for a in cj.jaxpr.outvars:
+        if not C.is_literal(a):
+            uses.setdefault(a, []).append("an output")
     statics = _Statics({v: c for v, c in zip(cj.jaxpr.constvars, cj.consts)
                         if isinstance(c, (np.ndarray, np.generic)) and c.dtype.kind in "iub"},
-                       ctx.options.fold_limit)
+                       ctx.options.fold_limit, uses)
 
     def rule(eqn):
         statics.see(eqn)

@@ -1010,17 +1010,18 @@ def expand_updates(jaxpr, ctx, only=None):
     """The level with its static updates in their select form (`passes/_updates.py`) and, for
     each, its position in `jaxpr` and the axes a split must cut for its select to be renaming
     ({result var: (position, axes)}); None where it has none worth it. `only`: the positions
-    of the equations to expand (None: all). On targets that keep updates in place (the CPU),
-    the select is taken only here: split along the updated axis it is renaming; where the level
-    is not split, the update stays as it was.
+    of the equations to expand (None: all). On targets that keep updates in place (the CPU;
+    the TPU below its minimum operand), the select is taken only here: split along the updated
+    axis it is renaming; where the level is not split, the update stays as it was.
 
         before:  k:u32[N,8] = scatter[...] b 7 i            (b: a register shifted by a roll)
         after:   k = select_n(broadcast(hit), b, broadcast(i))   → pieces: k_7 = i, k_j = b_j
     """
     costs = _cost.costs(ctx.target)
-    if not ctx.options.gathers or costs.update_form == "select" or not any(
+    made = costs.update_form == "select" and not costs.update_select_min_elements
+    if not ctx.options.gathers or made or not any(
             e.primitive.name in _updates.UPDATES for e in jaxpr.eqns):
-        return None   # (gathers=False: updates as written; "select": the gathers pass made it)
+        return None   # (gathers=False: updates as written; `made`: the gathers pass made them all)
     if not any((r := RULES.get(e.primitive.name)) is not None and r.mover for e in jaxpr.eqns):
         # no permutation for a split to turn into renaming: one seeded by the updates alone would
         # trade in-place writes for pieces (and emitting their forms cost MinAtar Breakout's
