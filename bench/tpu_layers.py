@@ -10,7 +10,9 @@ in a Python loop. Forms:
 
 * `plain`: `jax.jit(step)`;
 * `switch`: the same inside `jaxrewrite.enabled()` (what `python -m jaxrewrite` does), defaults;
-* `switch reroll=True`: inside `jaxrewrite.enabled(reroll=True)`.
+* `switch reroll=True`: inside `jaxrewrite.enabled(reroll=True)`;
+* `switch reroll=True recompute` (only when named): the same with the target's cost row set to
+  recompute residuals in the backward loop (`reroll_recompute`, the CPU's choice).
 
 For each (model, layers), one row per form:
 
@@ -50,6 +52,10 @@ import jaxrewrite  # noqa: E402
 
 MODELS = ("plain", "mlp", "nnx", "linen", "linen_remat", "haiku", "equinox")
 FORMS = {"plain": None, "switch": {}, "switch reroll=True": {"reroll": True}}
+# forms with the target's cost row changed too (`--forms` names them): whether a row's candidate
+# value pays on what users write (issue 46: the TPU's rolled step recomputing its residuals,
+# 1.46x faster than stacking them on bench/tpu_costs.py's transformer; Flax NNX not measured)
+ROW_FORMS = {"switch reroll=True recompute": ({"reroll": True}, {"reroll_recompute": True})}
 T0 = time.perf_counter()
 
 
@@ -118,8 +124,17 @@ def _scans(traced) -> int:
     return sum(e.primitive.name == "scan" for e in iter_eqns(traced.jaxpr))
 
 
-def _within(options):
-    return contextlib.nullcontext() if options is None else jaxrewrite.enabled(**options)
+@contextlib.contextmanager
+def _within(form: str):
+    """The form's switch (none for `plain`) and, for `ROW_FORMS`, its cost row."""
+    from jaxrewrite.backend import cost
+    options, row = ROW_FORMS.get(form, (FORMS.get(form), {}))
+    with contextlib.ExitStack() as stack:
+        if row:
+            stack.enter_context(cost.override_row(jax.default_backend(), **row))
+        if options is not None:
+            stack.enter_context(jaxrewrite.enabled(**options))
+        yield
 
 
 def measure(model: str, n: int, size: tuple, forms: list[str], steps: int, repeats: int) -> list:
@@ -130,7 +145,7 @@ def measure(model: str, n: int, size: tuple, forms: list[str], steps: int, repea
     compiled, first, losses, scans = {}, {}, {}, {}
     for form in forms:
         jax.clear_caches()
-        with _within(FORMS[form]):
+        with _within(form):
             t = time.perf_counter()
             traced = jax.jit(step).trace(*args)
             c = traced.lower().compile()
@@ -176,6 +191,9 @@ def main() -> None:
     a = ap.parse_args()
     size = tuple(int(v) for v in a.size.split(","))
     forms = a.forms.split(",")
+    unknown = [f for f in forms if f not in FORMS and f not in ROW_FORMS]
+    if unknown:
+        sys.exit(f"--forms {unknown}: of {list(FORMS) + list(ROW_FORMS)}")
     path = os.path.join(a.out, "tpu_layers.json")
     dev = jax.devices()[0]
     meta = {"backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),

@@ -409,13 +409,14 @@ def test_the_chip_parts_run_several_in_one_command(tmp_path, monkeypatch):
 def test_the_chip_s_training_step_table_runs_on_any_host():
     """bench/tpu_layers.py (issue 46's table, run on the chip): at tiny sizes here, one row per
     form and the A/A control, plain's losses matched by the switch's, reroll=True rolling the
-    plain-JAX transformer's 4 blocks."""
+    plain-JAX transformer's 4 blocks, with the backend's cost row as it is and recomputing."""
     import tpu_layers
-    forms = ["plain", "switch reroll=True"]
+    forms = ["plain", "switch reroll=True", "switch reroll=True recompute"]
     rows = tpu_layers.measure("plain", 4, (32, 2, 16, 2, 64), forms, steps=2, repeats=1)
     by = {r["form"]: r for r in rows}
     assert set(by) == {*forms, "plain A/A"}
     assert by["plain"]["scans"] == 0 and by["switch reroll=True"]["scans"] >= 1
+    assert by["switch reroll=True recompute"]["scans"] >= 1
     assert all(r["loss_rel"] <= 1e-3 for r in rows), rows
     assert by["plain"]["first_call_ratio"] == 1.0 and by["plain"]["step_ratio"] == 1.0
 
