@@ -4,6 +4,8 @@
     python bench/never_worse_sweep.py --out DIR [--budget 500] [--resume] [--sizes 4096,65536]
         [--n 400] [--seed 0] [--kinds perf,real] [--max-rounds 24] [--target tpu]
         [--match TEXT]      only the drawn programs whose recipe holds TEXT
+        [--compile-only]    compile for a TPU v5e here, run nothing
+        [--skip-same FILE]  time no program that FILE (--compile-only's) found unchanged
 
 Programs: the generators of tests/test_never_worse.py (`jaxrewrite.strategies.perf_programs`:
 ARX rounds and stencils; `real_code_recipes`: static updates, state machines, symmetry groups),
@@ -42,6 +44,12 @@ program is compiled for a TPU v5e here (`backend.xla.tpu_compile`; jax.jit, the 
 optimize with the TPU's decisions, in that order; twice where past 3x) and nothing runs:
 compile seconds, launches and `same`, into `never_worse_compile.jsonl`. A program that compiles past 3x is a
 `candidate`: the rule holds only if the chip runs it in <= 0.67x.
+`--skip-same FILE`: a `--compile-only` file. The programs it found compiled to `jax.jit`'s HLO
+(within the compile rule) are not timed: the device would run `jax.jit`'s own program, so a run
+ratio is noise. They are written as `same_here` lines (kind, recipe, size, the file's compile
+ratio and launches) and counted apart. A chip call's time then goes to the programs the rewrite
+changes (on Dec 8, 80 of the chip's 186 measurements were of programs compiled to `jax.jit`'s
+HLO).
 `--budget S`: no measurement is started that would end past S seconds of this process (its
 estimate: 1.5x the slowest of the last 20); in a 10-minute device call, 480 leaves a minute to
 open the chip, import, draw and print. At the end: the violations and counts of everything in
@@ -324,9 +332,20 @@ def status(records: list[dict]) -> dict:
         key = (r.get("recipe"), r.get("size"))
         if r["kind"] == "start":
             out.setdefault(key, "unfinished")
-        elif r["kind"] in ("result", "error"):
+        elif r["kind"] in ("result", "error", "same_here"):
             out[key] = r["kind"]
     return out
+
+
+def same_in(path: str | None) -> dict:
+    """(recipe, size) -> its `--compile-only` record, for the programs that compiled to
+    jax.jit's HLO for a TPU v5e within the compile rule (`--skip-same`)."""
+    if path is None:
+        return {}
+    if not os.path.exists(path):
+        sys.exit(f"--skip-same {path}: no such file")
+    return {(r["recipe"], r["size"]): r for r in load(path)
+            if r["kind"] == "compiled" and r["same"] and r["compile"] <= COMPILE_MAX}
 
 
 def append(path: str, record: dict) -> None:
@@ -353,6 +372,11 @@ def summary(records: list[dict]) -> str:
             f"{rewritten}; A/A run median "
             f"{statistics.median(aa):.2f}x, max {max(aa):.2f}x; not bit for bit: "
             f"{sum(not r['final']['bits'] for r in rs)}")
+    for size in sorted({r["size"] for r in records if r["kind"] == "same_here"}):
+        rs = [r for r in records if r["kind"] == "same_here" and r["size"] == size]
+        lines.append(f"size {size}: {len(rs)} more programs compiled to jax.jit's HLO for a TPU "
+                     f"v5e here (--skip-same; not timed), compile at most "
+                     f"{max(r['compile'] for r in rs):.2f}x there")
     n_err = sum(v == "error" for v in done.values())
     n_unf = sum(v == "unfinished" for v in done.values())
     lines.append(f"errors {n_err}, unfinished {n_unf}")
@@ -365,7 +389,7 @@ def summary(records: list[dict]) -> str:
                          f"{f['compile']:.2f}x; A/A {f['aa_run']:.2f}x; rewrites "
                          f"{f['rewrites']})")
     for key, v in done.items():
-        if v != "result":
+        if v not in ("result", "same_here"):
             err = next((r.get("error", "") for r in records
                         if r["kind"] == "error" and (r["recipe"], r["size"]) == key), "")
             lines.append(f"{v.upper()} {key[0]} @ {key[1]} {err[:200]}")
@@ -392,6 +416,9 @@ def main(argv=None) -> int:
                     help="only the drawn programs whose recipe contains this text")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile for a TPU v5e here (libtpu, no TPU), run nothing")
+    ap.add_argument("--skip-same", default=None,
+                    help="a --compile-only file: its programs compiled to jax.jit's HLO are "
+                         "not timed")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
     os.makedirs(a.out, exist_ok=True)
@@ -417,6 +444,7 @@ def main(argv=None) -> int:
           f"{len(done)} in the file, budget {a.budget:.0f} s -> {path}", flush=True)
     if a.compile_only:
         return compile_only(indexed, sizes, path, a.budget, t_start)
+    same_here = same_in(a.skip_same)
     recent: list[float] = []
     measured = 0
     for k, recipe in indexed:
@@ -424,6 +452,12 @@ def main(argv=None) -> int:
             r = at_size(recipe, size)
             key = (repr(r), size)
             if key in done:
+                continue
+            if key in same_here:
+                c = same_here[key]
+                append(path, dict(kind="same_here", recipe=key[0], size=size, index=k,
+                                  compile=c["compile"], launches=c["launches"],
+                                  source=os.path.basename(a.skip_same)))
                 continue
             elapsed = time.perf_counter() - t_start
             est = 1.5 * max(recent[-20:], default=10.0)

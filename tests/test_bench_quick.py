@@ -171,6 +171,27 @@ def test_never_worse_sweep_end_to_end(tmp_path, runner):
     assert W.load(str(fresh / W.FILE))[:len(records)] == records
 
 
+def test_never_worse_sweep_skips_what_compiled_to_jax_jit_s_program(tmp_path, runner):
+    """`--skip-same FILE`: the programs a `--compile-only` file found compiled to jax.jit's HLO
+    (within the compile rule) are written as `same_here` lines, counted apart, and not timed;
+    one past the compile rule, or changed, is timed."""
+    import never_worse_sweep as W
+    drawn = [W.at_size(r, 64) for r in W.draw(3, 0, max_rounds=2)]
+    compiled = tmp_path / "compiled.jsonl"
+    for k, (same, ratio) in enumerate([(True, 1.1), (False, 1.0), (True, 3.5)]):
+        W.append(str(compiled), dict(kind="compiled", recipe=repr(drawn[k]), size=64, index=k,
+                                     same=same, compile=ratio, launches={"jit": 3, "opt": 3}))
+    out = tmp_path / "out"
+    assert W.main(["--out", str(out), "--sizes", "64", "--n", "3", "--max-rounds", "2",
+                   "--target", "tpu", "--skip-same", str(compiled), "--budget", "300"]) == 0
+    records = W.load(str(out / W.FILE))
+    kinds = {r["recipe"]: r["kind"] for r in records if r["kind"] in ("result", "same_here")}
+    assert kinds == {repr(drawn[0]): "same_here", repr(drawn[1]): "result",
+                     repr(drawn[2]): "result"}
+    assert W.status(records)[(repr(drawn[0]), 64)] == "same_here"
+    assert "1 more programs compiled to jax.jit's HLO" in W.summary(records)
+
+
 def test_never_worse_sweep_rule(runner):
     """Issue 45's rule: run <= 1.05x; compile <= 3x unless the run is <= 0.67x; a run ratio
     of a program compiled to jax.jit's own HLO is noise."""
