@@ -237,6 +237,20 @@ def typing_error(after, before, only: frozenset | None = None) -> str | None:
     return None
 
 
+def uses(eqns, outvars) -> dict:
+    """Each value -> the positions of the equations that read it, in order (`len(eqns)` for
+    the level's outputs)."""
+    out: dict = {}
+    for i, e in enumerate(eqns):
+        for a in e.invars:
+            if not C.is_literal(a):
+                out.setdefault(a, []).append(i)
+    for a in outvars:
+        if not C.is_literal(a):
+            out.setdefault(a, []).append(len(eqns))
+    return out
+
+
 def count_eqns(cj) -> int:
     return sum(len((j.jaxpr if isinstance(j, C.ClosedJaxpr) else j).eqns)
                for j in iter_jaxprs(cj))

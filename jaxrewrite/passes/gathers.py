@@ -38,6 +38,8 @@ Preconditions and declines (recorded with a reason, the original kept):
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from jax import lax
 
@@ -138,9 +140,8 @@ class _Statics:
     from constants alone (no operand of the level, no effects), known or not: a gather indexed
     by one that has no value here was not made static, and says so (`_unfolded_index`)."""
 
-    def __init__(self, consts: dict | None = None, limit: int = 1 << 20,
-                 uses: dict | None = None):
-        self.uses = uses or {}      # var -> the names of the level's primitives that read it
+    def __init__(self, consts: dict | None = None, limit: int = 1 << 20, eqns=(), outvars=()):
+        self.eqns, self.outvars = list(eqns), outvars    # the level's, as given
         self.producers: dict = {}
         self.consts = consts or {}
         self.from_constants: set = set(self.consts)
@@ -157,10 +158,16 @@ class _Statics:
     def producer(self, atom):
         return None if C.is_literal(atom) else self.producers.get(atom)
 
+    @functools.cached_property
+    def uses(self) -> dict:
+        """`_walk.uses` of the level: made at the first static update asked about."""
+        return _walk.uses(self.eqns, self.outvars)
+
     def only_used_by(self, var, name: str) -> bool:
         """Every use of `var` in the level is a `name` equation (an output of the level is not)."""
-        names = self.uses.get(var)
-        return bool(names) and all(n == name for n in names)
+        at = self.uses.get(var)
+        return bool(at) and all(i < len(self.eqns) and self.eqns[i].primitive.name == name
+                                for i in at)
 
     def value(self, atom):
         if C.is_literal(atom):
@@ -582,17 +589,9 @@ def _level(cj, ctx):
     if not any(e.primitive.name in RULES for e in cj.jaxpr.eqns):
         return cj  # nothing this pass rewrites at this level
     # numpy index tables only: already in host memory (a jax Array might be a device's weights)
-    uses: dict = {}
-    for e in cj.jaxpr.eqns:
-        for a in e.invars:
-            if not C.is_literal(a):
-                uses.setdefault(a, []).append(e.primitive.name)
-    for a in cj.jaxpr.outvars:
-        if not C.is_literal(a):
-            uses.setdefault(a, []).append("an output")
     statics = _Statics({v: c for v, c in zip(cj.jaxpr.constvars, cj.consts)
                         if isinstance(c, (np.ndarray, np.generic)) and c.dtype.kind in "iub"},
-                       ctx.options.fold_limit, uses)
+                       ctx.options.fold_limit, cj.jaxpr.eqns, cj.jaxpr.outvars)
 
     def rule(eqn):
         statics.see(eqn)

@@ -219,19 +219,6 @@ def _references(eqns, start: int, L: int):
     return refs, ext
 
 
-def _uses(eqns, outvars) -> dict:
-    """Each value -> the equations that read it (len(eqns) for the level's outputs)."""
-    uses: dict = {}
-    for i, e in enumerate(eqns):
-        for a in e.invars:
-            if not C.is_literal(a):
-                uses.setdefault(a, []).append(i)
-    for a in outvars:
-        if not C.is_literal(a):
-            uses.setdefault(a, []).append(len(eqns))
-    return uses
-
-
 def _verify(eqns, uses: dict, p: int, L: int, k: int):
     """(slot groups, exports, external atoms per segment, positions) when segments
     [p + m L, p + (m+1) L) for m < k reference each other alike; else None. A slot is an
@@ -310,7 +297,7 @@ def _find_run(eqns, outvars, ids: np.ndarray, min_len: int):
                     k = (j + L - phase) // L
                     if k >= min_len:
                         cands.append((k * L, -L, phase, k))
-    uses = _uses(eqns, outvars) if cands else {}
+    uses = _walk.uses(eqns, outvars) if cands else {}
     best = None
     for cover, neg_l, phase, k in sorted(cands, reverse=True):
         if best is not None and cover < best[0][0]:

@@ -325,18 +325,6 @@ def _find_chains(eqns, keyer: Keyer) -> list[Chain]:
     return [c for c in chains if len(c.eqns) > 1]
 
 
-def _users(eqns, outvars) -> dict:
-    users: dict = {}
-    for i, e in enumerate(eqns):
-        for a in e.invars:
-            if not C.is_literal(a):
-                users.setdefault(a, []).append(i)
-    for a in outvars:
-        if not C.is_literal(a):
-            users.setdefault(a, []).append(len(eqns))
-    return users
-
-
 def _cut(chain: Chain, users: dict) -> list[Chain]:
     """Split `chain` where a call's result is used (outside the chain) before the chain ends."""
     pieces, cur = [], Chain([chain.eqns[0]], [chain.idx[0]], chain.carry)
@@ -926,7 +914,7 @@ def _chains(eqns, outvars, keyer: Keyer, min_len: int):
     chains = _find_chains(eqns, keyer)
     if not chains:
         return [], {}
-    users = _users(eqns, outvars)
+    users = _walk.uses(eqns, outvars)
     chains = [p for c in chains for p in _cut(c, users)]
     return [c for c in chains if len(c.eqns) >= min_len], users
 
